@@ -208,7 +208,7 @@ class ConvConfig:
     @staticmethod
     def candidates(vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> dict:
         return {
-            "vec_tile": _divisors(vec_ext, 4 * p.lanes),
+            "vec_tile": _divisors(vec_ext, p.lanes),
             "reg_tile": _divisors(reg_ext, p.accumulators),
             "row_tile": _divisors(row_ext, 4),
             "unroll": [0, 16, 64],
@@ -216,10 +216,14 @@ class ConvConfig:
 
     @classmethod
     def default(cls, vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> "ConvConfig":
-        vec = _vector_tile(vec_ext, p.lanes, 2)
-        nvec = -(-vec // p.lanes)
-        reg = _largest_divisor(reg_ext, max(1, p.accumulators // nvec))
-        return cls(vec_tile=vec, reg_tile=reg, row_tile=1)
+        # One register of lanes at most: LLVM scalarizes wider vectors whose length is not a
+        # multiple of the register (W = 56 split by 28), and a divisor keeps the loop exact.
+        vec = _largest_divisor(vec_ext, p.lanes)
+        # half the accumulator budget: a target may prefer half-width registers (znver4 LLVM
+        # emits 256-bit ops), which doubles the registers one tile row takes
+        reg = _largest_divisor(reg_ext, max(1, p.accumulators // 2))
+        row = _largest_divisor(row_ext, 2) if 2 * vec <= p.lanes else 1
+        return cls(vec_tile=vec, reg_tile=reg, row_tile=row)
 
 
 def _order_names(nchw: bool, depthwise: bool) -> list[str]:
