@@ -24,7 +24,7 @@ import tvm
 from .targets import resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
-__all__ = ["build", "resolve_tuning_logs", "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
+__all__ = ["build", "schedule_prim_func", "resolve_tuning_logs", "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 
@@ -183,7 +183,15 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
                     f"{type(mod_or_primfunc).__name__}")
 
 
-def _build_prim_func(func, target, db):
+def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModule, bool]:
+    """The scheduled module :func:`build` compiles for PrimFunc ``func``, and whether a tuning
+    record (rather than the default schedule) made it."""
+    target = resolve_target(target)
+    loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
+    return _schedule_prim_func(func, target, _reporting_database(loaded.database, target))
+
+
+def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
     from .schedules.common import apply_default_schedules
@@ -193,8 +201,12 @@ def _build_prim_func(func, target, db):
     if sch is not None:
         mod = sch.mod
         mod["main"] = mod["main"].with_attr("tirx.is_scheduled", True)
-    else:
-        mod = apply_default_schedules(mod, target)
+        return mod, True
+    return apply_default_schedules(mod, target), False
+
+
+def _build_prim_func(func, target, db):
+    mod, _ = _schedule_prim_func(func, target, db)
     return tvm.compile(mod, target=target)
 
 

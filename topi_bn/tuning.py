@@ -301,7 +301,7 @@ def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key
 def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.PathLike = "tuning_logs/x86",
          space: str = "template", dtype: str = "float32", *, rpc_tracker: str | None = None,
          rpc_key: str | None = None, config: TuneConfig | None = None,
-         progress: TextIO | None = sys.stderr) -> list[TuneResult]:
+         progress: TextIO | bool | None = True) -> list[TuneResult]:
     """Tune registry workloads with MetaSchedule (XGBoost cost model) into a JSON database.
 
     Parameters
@@ -327,8 +327,8 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         building with the target's cross compiler (:mod:`topi_bn.rpc`).
     config : TuneConfig, optional
         Search and measurement knobs; ``trials`` overrides ``config.trials``.
-    progress : text stream or None
-        Where progress lines go (stderr by default; None for silence).
+    progress : bool, text stream or None
+        Where progress lines go: True for stderr (default), a stream, or None/False for silence.
 
     Returns
     -------
@@ -339,6 +339,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
 
     from .schedules.common import strip_rules, template_space
 
+    if progress is True:
+        progress = sys.stderr
+    elif progress is False:
+        progress = None
     tgt = resolve_target(target)
     chosen = select_workloads(workloads)
     trials = _check_trials(trials)
