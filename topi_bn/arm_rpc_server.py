@@ -12,11 +12,32 @@ TVM runtime, so it runs with the runtime-only aarch64 sysroot:
 ``python -m tvm.exec.rpc_server --tracker HOST:9190 --key KEY``.
 """
 import argparse
+import ctypes
 import logging
 import socket
 import sys
+from pathlib import Path
 
+import tvm
 from tvm.rpc.server import _listen_loop  # runtime-only import
+
+
+def load_runtime_extra():
+    """Load libtvm_runtime_extra, which ``import tvm`` skips in runtime-only mode.
+
+    It holds ``tvm.contrib.random.random_fill_for_measure``, which MetaSchedule's RPCRunner
+    calls on the server to fill the kernel arguments.
+    """
+    from tvm.base import _LOADED_LIBS
+
+    if "tvm_runtime_extra" in _LOADED_LIBS:
+        return
+    lib = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent / "libtvm_runtime_extra.so"
+    if lib.is_file():
+        _LOADED_LIBS["tvm_runtime_extra"] = ctypes.CDLL(str(lib), ctypes.RTLD_GLOBAL)
+    if tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True) is None:
+        logging.warning("tvm.contrib.random.random_fill_for_measure is missing: "
+                        "MetaSchedule's RPCRunner cannot allocate arguments on this server")
 
 
 def main(argv=None):
@@ -31,6 +52,7 @@ def main(argv=None):
     if not host or not port.isdigit():
         p.error(f"--tracker must be HOST:PORT, got {args.tracker!r}")
     logging.basicConfig(level=logging.INFO)
+    load_runtime_extra()
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
