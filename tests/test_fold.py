@@ -9,7 +9,9 @@ import tvm
 from tvm import relax
 from tvm.relax import op
 
-from topi_bn.fold import (SKIP_REASONS, FoldBatchNorm, FoldRecord, bn_scale_shift,
+from topi_bn.examples import high_bias_absorption as hba_example
+from topi_bn.examples.high_bias_absorption import high_bias_absorption
+from topi_bn.fold import (SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, bn_scale_shift,
                           fold_batch_norm)
 
 TARGET = tvm.target.Target({"kind": "llvm"})
@@ -420,3 +422,38 @@ def test_validation():
     # tvm tensors are accepted as values
     tensors = {k: tvm.runtime.tensor(v) for k, v in params.items()}
     assert len(fold_batch_norm(mod, tensors)[2].folded) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# The high-bias-absorption example
+# --------------------------------------------------------------------------------------------
+def _folded_entry(gamma, beta):
+    c = len(gamma)
+    return FoldedLayer(function="main", layer_op="relax.nn.conv2d", layer="conv", weight="w",
+                       bias=None, bn="bn", axis=1, eps=1e-5, center=True, scale=True,
+                       gamma=gamma, beta=beta, moving_mean=[0.0] * c, moving_var=[1.0] * c,
+                       new_weight="w_fuse_bn", new_bias="conv_bias_fuse_bn")
+
+
+def test_high_bias_absorption_by_hand():
+    record = FoldRecord(folded=[_folded_entry([1.0, -1.0, 0.1, 2.0], [4.0, 1.0, 0.5, -1.0])])
+    (layer,) = high_bias_absorption(record)
+    # mean = beta, std = |gamma|, absorb = max(0, beta - 3 std): 4-3=1, 1-3<0, 0.5-0.3=0.2, <0
+    np.testing.assert_allclose(layer.mean, [4.0, 1.0, 0.5, -1.0])
+    np.testing.assert_allclose(layer.std, [1.0, 1.0, 0.1, 2.0])
+    np.testing.assert_allclose(layer.absorb, [1.0, 0.0, 0.2, 0.0])
+    assert layer.moved_channels == [0, 2]
+    (layer,) = high_bias_absorption(record, n_std=5.0)   # 4 - 5 < 0; 0.5 - 0.5 = 0 stays
+    np.testing.assert_allclose(layer.absorb, [0.0, 0.0, 0.0, 0.0])
+    assert layer.moved_channels == []
+
+
+def test_high_bias_absorption_example(capsys):
+    layers = hba_example.main()
+    out = capsys.readouterr().out
+    assert "folded 2 layers" in out
+    assert out.count(" yes") == sum(len(layer.moved_channels) for layer in layers) > 0
+    _, _, record = fold_batch_norm(hba_example.SmallNet, hba_example.small_net_params())
+    for layer, entry in zip(layers, record.folded):
+        beta, gamma = np.array(entry.beta), np.abs(entry.gamma)
+        assert layer.moved_channels == [c for c in range(len(beta)) if beta[c] > 3 * gamma[c]]

@@ -38,7 +38,16 @@ Two entry points:
   constants only; its ``record`` attribute holds the record of its last run.
 
 Neither changes its inputs. BNs that are not folded are listed in the record's ``skipped``
-entries with a reason code (see :data:`SKIP_REASONS`).
+entries with a reason code (see :data:`SKIP_REASONS`). A BN is folded only when the result
+is the same function:
+
+* ``training=False``, and ``bn[0]`` is the only use of the BN (mean/var outputs unused);
+* the layer output (and its bias add) has the BN as its only consumer;
+* weight, bias and the four BN parameters are constants, and the weight and bias are used by
+  this layer only. A weight shared by several layers is left alone rather than copied: the
+  sharing is usually deliberate (weight tying) and folding one user would untie it;
+* the folded weight and bias are finite in their dtype: a float16 model whose folded weights
+  overflow stays unfolded. Only floating-point weights are folded.
 """
 
 from __future__ import annotations
@@ -293,6 +302,8 @@ class _FunctionFolder:
         counter = _UseCounter()
         counter.visit_expr(func)
         self.uses = counter.count
+        self.first_item = {b.value.tuple_value: v for v, b in self.bindings.items()
+                           if isinstance(b.value, relax.TupleGetItem) and b.value.index == 0}
         self.taken = {p.name for p in func.params} | {v.name for v in self.bindings}
         self.record = FoldRecord()
         self.new_params: dict[relax.Var, np.ndarray] = {}   # new param var -> value
@@ -397,12 +408,9 @@ class _FunctionFolder:
         attrs = bn.attrs
         if attrs.training:
             return self._skip(bn_var, None, "training")
-        getitems = [v for v, b in self.bindings.items()
-                    if isinstance(b.value, relax.TupleGetItem)
-                    and b.value.tuple_value.same_as(bn_var) and b.value.index == 0]
-        if len(getitems) != 1 or self._uses(bn_var) != 1:
+        out_var = self.first_item.get(bn_var)
+        if out_var is None or self._uses(bn_var) != 1:
             return self._skip(bn_var, None, "bn_outputs_used")
-        out_var = getitems[0]
 
         layer = self._match_layer(bn.args[0])
         if isinstance(layer, str):
@@ -421,6 +429,8 @@ class _FunctionFolder:
         weight = self._array(layer.weight)
         if any(a is None for a in (gamma, beta, mean, var, weight)):
             return self._skip(bn_var, name, "non_constant")
+        if not np.issubdtype(weight.dtype, np.floating):
+            return self._skip(bn_var, name, "unsupported_layer", f"{weight.dtype} weight")
         channels = out_shape[layer.out_axis]
         bias = None
         if layer.bias is not None:
