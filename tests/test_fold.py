@@ -11,8 +11,14 @@ from tvm.relax import op
 
 from topi_bn.examples import high_bias_absorption as hba_example
 from topi_bn.examples.high_bias_absorption import high_bias_absorption
-from topi_bn.fold import (SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, bn_scale_shift,
-                          fold_batch_norm)
+from topi_bn.fold import (
+    SKIP_REASONS,
+    FoldBatchNorm,
+    FoldedLayer,
+    FoldRecord,
+    bn_scale_shift,
+    fold_batch_norm,
+)
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 RTOL = 1e-5   # max |folded - unfolded| / max |unfolded|, float32
@@ -97,19 +103,24 @@ def check_fold(mod, params, x, n_folded):
     ref = run(mod, [x, *params.values()])
     new_mod, new_params, record = fold_batch_norm(mod, params)
     assert len(record.folded) == n_folded, record.skipped
+    relax.analysis.well_formed(new_mod)   # raises if not
     assert sum(_count_ops(new_mod, "relax.nn.batch_norm")) == 0 or n_folded == 0
     assert list(new_params) == [p.name for p in new_mod["main"].params[1:]]
     assert rel_err(run(new_mod, [x, *new_params.values()]), ref) <= RTOL
 
     fold = FoldBatchNorm()
     bound = relax.transform.BindParams("main", params)(mod)
-    assert rel_err(run(fold(bound), [x]), ref) <= RTOL
+    folded = fold(bound)
+    relax.analysis.well_formed(folded)
+    assert rel_err(run(folded, [x]), ref) <= RTOL
     # Bound constants have no names: the record names them after the layer.
-    stats = lambda r: [(f.layer, f.bn, f.gamma, f.beta, f.moving_mean, f.moving_var)  # noqa: E731
-                       for f in r.folded]
-    assert stats(fold.record) == stats(record)
+    assert _stats(fold.record) == _stats(record)
     assert all(f.weight == f.layer + "_weight" for f in fold.record.folded)
     return new_mod, new_params, record
+
+
+def _stats(record):
+    return [(f.layer, f.bn, f.gamma, f.beta, f.moving_mean, f.moving_var) for f in record.folded]
 
 
 def _bindings(mod):
@@ -159,10 +170,12 @@ def mobilenet_v2_block(c=8, expand=2):
 
 
 def vgg_block():
+    """conv + bias -> BN -> ReLU -> max pool -> grouped conv + bias -> BN -> ReLU."""
     m = Model((1, 3, 8, 8))
     y = m.emit(op.nn.relu(m.bn("bn1", m.conv("conv1", m.x, (8, 3, 3, 3), bias=True))))
     y = m.emit(op.nn.max_pool2d(y, pool_size=2, strides=2))
-    y = m.emit(op.nn.relu(m.bn("bn2", m.conv("conv2", y, (16, 8, 3, 3), bias=True))))
+    y = m.conv("conv2", y, (16, 4, 3, 3), groups=2, bias=True)
+    y = m.emit(op.nn.relu(m.bn("bn2", y)))
     return m.finish(y)
 
 
@@ -205,7 +218,7 @@ def test_fold_matches_unfolded(name):
     mod, params = MODELS[name]()
     x = np.random.default_rng(1).standard_normal(
         [int(d) for d in mod["main"].params[0].ty.shape]).astype("float32")
-    new_mod, _, record = check_fold(mod, params, x, N_BN[name])
+    _, _, record = check_fold(mod, params, x, N_BN[name])
     assert not record.skipped
     assert sorted(f.bn for f in record.folded) == sorted(f"bn{i + 1}" for i in range(N_BN[name]))
 
@@ -215,7 +228,7 @@ def test_fold_layouts(layout, kernel):
     mod, params = resnet_block(layout, kernel)
     x = np.random.default_rng(1).standard_normal((1, 8, 6, 6) if layout == "NCHW"
                                                  else (1, 6, 6, 8)).astype("float32")
-    new_mod, new_params, record = check_fold(mod, params, x, 2)
+    new_mod, new_params, _ = check_fold(mod, params, x, 2)
     bias_shape = (1, 8, 1, 1) if layout == "NCHW" else (1, 1, 1, 8)
     assert new_params["conv1_bias_fuse_bn"].shape == bias_shape
     # The bias stays a separate add right after the conv, for conv2d -> bias add patterns.
@@ -372,8 +385,11 @@ def test_record_names_folded_pairs_and_round_trips(tmp_path):
     for f in record.folded:
         assert f.new_weight in new_params and f.new_bias in new_params
         np.testing.assert_array_equal(f.moving_var, params[f.bn + "_var"])
-    assert set(new_params) == {"fc1_w_fuse_bn", "fc1_bias_fuse_bn", "fc2_w_fuse_bn",
-                               "fc2_bias_fuse_bn"}
+    # Folded weights take the old weight's place in the signature, a new bias follows it;
+    # the BN parameters are gone.
+    assert [p.name for p in new_mod["main"].params] == [
+        "x", "fc1_w_fuse_bn", "fc1_bias_fuse_bn", "fc2_w_fuse_bn", "fc2_bias_fuse_bn"]
+    assert list(new_params) == [p.name for p in new_mod["main"].params[1:]]
 
     json.dumps(record.to_dict())
     path = tmp_path / "record.json"

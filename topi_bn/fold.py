@@ -64,8 +64,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-__all__ = ["FoldBatchNorm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm", "SKIP_REASONS",
-           "fold_batch_norm", "bn_scale_shift"]
+__all__ = ["SKIP_REASONS", "FoldBatchNorm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
+           "bn_scale_shift", "fold_batch_norm"]
 
 #: Why a batch norm was not folded (``SkippedBatchNorm.reason``).
 SKIP_REASONS = {
@@ -277,14 +277,14 @@ class _Layer:
     call_var: relax.Var        # bound to the conv2d / conv2d_transpose / matmul call
     call: relax.Call
     weight_holder: relax.Var   # binding whose value has the weight as argument `weight_index`
-    weight_index: int
     weight: relax.Expr         # Var (a param) or Constant
-    weight_out_axis: int       # weight axis of the output channel
-    weight_in_axis: int | None
-    groups: int
-    out_axis: int              # output channel axis of the layer output
-    add_var: relax.Var | None = None   # bound to add(call_var, bias)
-    bias: relax.Expr | None = None
+    add_var: relax.Var | None  # bound to add(call_var, bias)
+    bias: relax.Expr | None
+    weight_index: int = 1
+    out_axis: int = -1         # output channel axis of the layer output
+    weight_out_axis: int = 0   # weight axis of the output channel
+    weight_in_axis: int | None = None  # weight input-channel axis (conv2d_transpose only)
+    groups: int = 1            # (conv2d_transpose only)
 
 
 class _FunctionFolder:
@@ -358,36 +358,34 @@ class _FunctionFolder:
         out_shape = _static_shape(var)
         if out_shape is None:
             return "unsupported_layer"
-        layer = dict(call_var=var, call=value, weight_holder=var, weight_index=1,
-                     weight=value.args[1], weight_in_axis=None, groups=1,
-                     add_var=add_var, bias=bias)
-        attrs = value.attrs
+        layer = _Layer(var, value, weight_holder=var, weight=value.args[1], add_var=add_var,
+                       bias=bias, out_axis=len(out_shape) - 1)
         if op == "relax.matmul":
-            weight = value.args[1]
-            permute = self._value(weight)
-            layer["out_axis"] = len(out_shape) - 1
-            if _op_name(permute) == "relax.permute_dims":
+            weight_ndim = len(_static_shape(layer.weight) or ())
+            permute = self._value(layer.weight)
+            if _op_name(permute) == "relax.permute_dims":   # x @ W.T, as PyTorch exports linear
                 axes = permute.attrs.axes
-                if len(_static_shape(weight) or ()) != 2 or (axes is not None
-                                                             and list(map(int, axes)) != [1, 0]):
+                if weight_ndim != 2 or (axes is not None and list(map(int, axes)) != [1, 0]):
                     return "unsupported_layer"
-                if self._uses(weight) != 1:
+                if self._uses(layer.weight) != 1:
                     return "shared_weight"
-                layer.update(weight_holder=weight, weight_index=0, weight=permute.args[0],
-                             weight_out_axis=0)
-            elif len(_static_shape(weight) or ()) == 2:
-                layer["weight_out_axis"] = 1
+                layer.weight_holder, layer.weight_index = layer.weight, 0
+                layer.weight, layer.weight_out_axis = permute.args[0], 0
+            elif weight_ndim == 2:                              # x @ W
+                layer.weight_out_axis = 1
             else:
                 return "unsupported_layer"
         else:
+            attrs = value.attrs
             out_layout, kernel_layout = str(attrs.out_layout), str(attrs.kernel_layout)
             if sorted(kernel_layout) != ["H", "I", "O", "W"] or "C" not in out_layout:
                 return "unsupported_layer"
-            layer["out_axis"] = out_layout.index("C")
-            layer["weight_out_axis"] = kernel_layout.index("O")
+            layer.out_axis = out_layout.index("C")
+            layer.weight_out_axis = kernel_layout.index("O")
             if op == "relax.nn.conv2d_transpose":
-                layer.update(weight_in_axis=kernel_layout.index("I"), groups=int(attrs.groups))
-        return _Layer(**layer)
+                layer.weight_in_axis = kernel_layout.index("I")
+                layer.groups = int(attrs.groups)
+        return layer
 
     def _bias_vector(self, bias, out_shape, out_axis) -> np.ndarray | None:
         """The existing bias as a (C,) vector, or None if it is not per-channel."""
@@ -509,8 +507,8 @@ class _FunctionFolder:
             if p not in self.consumed or p in used:
                 params.append(p)
             params.extend(self.param_replacement.get(p, []))
-        return relax.Function(params, body, self.func.ret_ty, self.func.is_pure,
-                              self.func.attrs, self.func.span)
+        return bb.normalize(relax.Function(params, body, self.func.ret_ty, self.func.is_pure,
+                                           self.func.attrs, self.func.span))
 
     def _rewrite(self, binding, bb: relax.BlockBuilder):
         var = binding.var
