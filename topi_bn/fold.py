@@ -606,7 +606,8 @@ def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: st
         weight); BN parameters no longer used are removed.
     new_params : dict[str, numpy.ndarray]
         The values of the new function's parameters that came from ``params``, in signature
-        order: unchanged entries (the same arrays) plus the folded ones.
+        order: the unchanged entries (the given numpy arrays, not copies; tvm tensors as numpy)
+        plus the folded ones. Empty when ``params`` is.
     record : FoldRecord
         The folded pairs and the skipped BNs with reasons.
     """
