@@ -1,0 +1,6 @@
+"""TE computes of topi-bn. No schedules here: see ``topi_bn.schedules``."""
+from .batch_norm import batch_norm_infer, batch_norm_train
+from .conv2d_bn_relu import conv2d_bn_relu, conv2d_shift_act
+from .layer_norm import layer_norm
+
+__all__ = ["conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer", "layer_norm"]

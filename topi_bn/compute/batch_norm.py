@@ -1,0 +1,203 @@
+"""Batch-norm as TE computes (no schedule): training mode with run-time statistics, and inference.
+
+Training mode (Ioffe & Szegedy, 2015), over every axis except the channel axis, with
+:math:`n` elements per channel:
+
+.. math::
+
+    \\mu_c = \\frac{1}{n}\\sum x, \\qquad
+    \\sigma^2_c = \\frac{1}{n}\\sum (x - \\mu_c)^2, \\qquad
+    y = (x - \\mu_c)\\,\\frac{\\gamma_c}{\\sqrt{\\sigma^2_c + \\epsilon}} + \\beta_c
+
+The variance is a second pass over the deviations from the mean, never
+:math:`E[x^2] - E[x]^2`, and both passes accumulate in float32 for 16-bit inputs. The first pass
+sums :math:`x - p_c`, with :math:`p_c` the channel's first element (shifted data), so data far
+from zero (mean 1e4, std 1) loses no digits of the mean either.
+
+Running statistics, ``running_stats="pytorch"`` (PyTorch, TensorFlow): the unbiased variance
+:math:`\\sigma^2_c \\cdot n / (n - 1)` and ``new = (1 - momentum) * old + momentum * batch``.
+``running_stats="onnx"`` (ONNX BatchNormalization, opset 14+): the biased variance and
+``new = momentum * old + (1 - momentum) * batch``.
+
+Blocks carry ``schedule_rule = "topi_bn.batch_norm_train"`` / ``"topi_bn.batch_norm_infer"``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import te
+
+from ..checks import (
+    cast as _cast,
+    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps,
+    check_float, check_momentum, check_same_dtype, normalize_axis, shape_of,
+)
+
+TRAIN_RULE = "topi_bn.batch_norm_train"
+INFER_RULE = "topi_bn.batch_norm_infer"
+
+__all__ = ["batch_norm_train", "batch_norm_infer", "TRAIN_RULE", "INFER_RULE"]
+
+
+def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor | None,
+                     running_mean: te.Tensor, running_var: te.Tensor, *, axis: int = 1,
+                     eps: float = 1e-5, momentum: float = 0.1,
+                     running_stats: str = "pytorch") -> list[te.Tensor]:
+    """Training-mode batch-norm: statistics of this batch, two-pass.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        N-D (N >= 2), e.g. (N, C, H, W) with ``axis=1`` or (N, H, W, C) with ``axis=-1``.
+    gamma, beta : te.Tensor or None
+        1-D with shape (C,); ``None`` for BN's ``scale=False`` / ``center=False``.
+    running_mean, running_var : te.Tensor
+        1-D with shape (C,).
+    axis : int
+        The channel axis.
+    eps : float
+        > 0.
+    momentum : float
+        In [0, 1], read in the ``running_stats`` convention.
+    running_stats : {"pytorch", "onnx"}
+        How the running statistics are updated (see the module docstring).
+
+    Returns
+    -------
+    [y, batch_mean, batch_var, new_running_mean, new_running_var]
+        ``y`` has the shape and dtype of ``data``; the others are 1-D (C,) in the dtype of the
+        parameters. ``batch_var`` is the biased variance (what a backward pass needs).
+    """
+    axis, dtype, pdtype = _check_bn(data, gamma, beta, running_mean, running_var, axis, eps)
+    momentum = check_momentum(momentum)
+    convention = check_choice("running_stats", running_stats, RUNNING_STATS_CONVENTIONS)
+    shape = shape_of(data)
+    count = 1
+    for d, ext in enumerate(shape):
+        if d != axis:
+            count = count * ext
+    if isinstance(count, int) and count < 2:
+        raise ValueError(f"data: training batch-norm needs more than one value per channel, got "
+                         f"shape {shape} with channel axis {axis}")
+    acc = accum_dtype(dtype)
+    attrs = {"schedule_rule": TRAIN_RULE}
+    n = tvm.tirx.Cast(acc, count) if not isinstance(count, int) else tvm.tirx.const(count, acc)
+    channels = shape[axis]
+
+    def reduce_axes(tag):
+        return [te.reduce_axis((0, ext), name=f"{tag}{d}") for d, ext in enumerate(shape) if d != axis]
+
+    def element(c, raxes):
+        it = iter(raxes)
+        return _cast(data[tuple(c if d == axis else next(it) for d in range(len(shape)))], acc)
+
+    r1 = reduce_axes("r")
+    first = [0] * (len(shape) - 1)
+
+    def pivot(c):
+        return element(c, first)
+
+    total = te.compute((channels,), lambda c: te.sum(element(c, r1) - pivot(c), axis=r1),
+                       name="bn_sum", attrs=attrs)
+    # bn_mean is the shifted mean: mean - pivot
+    shifted = te.compute((channels,), lambda c: total[c] / n, name="bn_mean", attrs=attrs)
+    r2 = reduce_axes("s")
+
+    def sqdev(c):
+        dev = (element(c, r2) - pivot(c)) - shifted[c]
+        return te.sum(dev * dev, axis=r2)
+
+    sq = te.compute((channels,), sqdev, name="bn_sqdev", attrs=attrs)
+    var = te.compute((channels,), lambda c: sq[c] / n, name="bn_var", attrs=attrs)
+    y = _normalize(data, axis, pivot, shifted, var, gamma, beta, eps, acc, TRAIN_RULE)
+
+    def mean(c):
+        return pivot(c) + shifted[c]
+
+    m = tvm.tirx.const(momentum, acc)
+    keep = tvm.tirx.const(1.0 - momentum, acc)
+    if convention == "pytorch":
+        old_w, new_w = keep, m
+        unbias = n / (n - tvm.tirx.const(1, acc))
+    else:
+        old_w, new_w = m, keep
+        unbias = tvm.tirx.const(1, acc)
+
+    def out(x, name):
+        return te.compute((channels,), lambda c: _cast(x(c), pdtype), name=name, attrs=attrs)
+
+    batch_mean = out(mean, "bn_batch_mean")
+    batch_var = out(lambda c: var[c], "bn_batch_var")
+    new_mean = out(lambda c: old_w * _cast(running_mean[c], acc) + new_w * mean(c),
+                   "bn_running_mean")
+    new_var = out(lambda c: old_w * _cast(running_var[c], acc) + new_w * var[c] * unbias,
+                  "bn_running_var")
+    return [y, batch_mean, batch_var, new_mean, new_var]
+
+
+def batch_norm_infer(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor | None,
+                     mean: te.Tensor, var: te.Tensor, *, axis: int = 1,
+                     eps: float = 1e-5) -> te.Tensor:
+    """Inference batch-norm from given statistics:
+    :math:`y = (x - \\mu_c)\\,\\gamma_c / \\sqrt{\\sigma^2_c + \\epsilon} + \\beta_c`.
+
+    Shapes and dtypes as in :func:`batch_norm_train`; returns ``y`` only.
+    """
+    axis, dtype, _ = _check_bn(data, gamma, beta, mean, var, axis, eps)
+    acc = accum_dtype(dtype)
+    mean_acc = te.compute(shape_of(mean), lambda c: _cast(mean[c], acc), name="bn_mean",
+                          attrs={"schedule_rule": INFER_RULE})
+    var_acc = te.compute(shape_of(var), lambda c: _cast(var[c], acc), name="bn_var",
+                         attrs={"schedule_rule": INFER_RULE})
+    return _normalize(data, axis, lambda c: mean_acc[c], None, var_acc, gamma, beta, eps, acc,
+                      INFER_RULE)
+
+
+def _check_bn(data, gamma, beta, mean, var, axis, eps):
+    dtype = check_float("data", data)
+    shape = shape_of(data)
+    if len(shape) < 2:
+        raise ValueError(f"data: expected a tensor of rank >= 2 (batch and channel axes), got "
+                         f"shape {shape}")
+    axis = normalize_axis("axis", axis, len(shape))
+    eps = check_eps(eps)
+    for name, t in (("mean" if mean is not None else "running_mean", mean),
+                    ("var" if var is not None else "running_var", var)):
+        if t is None:
+            raise ValueError(f"{name}: expected a 1-D tensor of per-channel statistics, got None")
+    params = [("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var)]
+    for name, t in params:
+        check_channel_vector(name, t, shape[axis], f"data along axis {axis}")
+    pdtype = check_same_dtype(params)
+    if pdtype not in (dtype, "float32"):
+        raise TypeError(f"gamma: batch-norm parameters must be {dtype} (like data) or float32, "
+                        f"got {pdtype}")
+    return axis, dtype, pdtype
+
+
+def _normalize(data, axis, center, shifted, var, gamma, beta, eps, acc, rule):
+    """``y = ((x - center(c)) - shifted[c]) * scale[c] + beta[c]``: ``center`` is the mean, or
+    the pivot when ``shifted`` holds the mean's offset from it."""
+    attrs = {"schedule_rule": rule}
+    eps_c = tvm.tirx.const(eps, acc)
+    channels = shape_of(data)[axis]
+
+    def scale_fn(c):
+        inv = tvm.tirx.const(1, acc) / te.sqrt(var[c] + eps_c)
+        return inv * _cast(gamma[c], acc) if gamma is not None else inv
+
+    scale = te.compute((channels,), scale_fn, name="bn_scale", attrs=attrs)
+
+    def norm(*idx):
+        c = idx[axis]
+        dev = _cast(data[idx], acc) - center(c)
+        if shifted is not None:
+            dev = dev - shifted[c]
+        v = dev * scale[c]
+        if beta is not None:
+            v = v + _cast(beta[c], acc)
+        return _cast(v, str(data.dtype))
+
+    return te.compute(data.shape, norm, name="bn_norm", attrs=attrs)
+

@@ -1,0 +1,205 @@
+"""conv2d + inference batch-norm + activation as one TE compute (no schedule).
+
+.. math::
+
+    y = \\mathrm{act}\\big(\\mathrm{conv}(x, w) \\cdot s_k + t_k\\big), \\qquad
+    s_k = \\frac{\\gamma_k}{\\sqrt{\\sigma^2_k + \\epsilon}}, \\qquad
+    t_k = \\beta_k + (b_k - \\mu_k)\\, s_k
+
+The batch-norm is a per-output-channel scale and shift applied to the conv accumulator (float32
+for float16/bfloat16 inputs), so a schedule applies it in registers before the single store.
+Blocks: ``pad`` (only when padding is non-zero), ``bn_scale``/``bn_shift`` (per channel), ``conv``
+(the reduction, the schedule's anchor) and ``bn_act`` (epilogue). Every block carries
+``schedule_rule = "topi_bn.conv2d_bn_relu"`` (``"topi_bn.depthwise_conv2d_bn_relu"`` for
+depthwise convolutions), which the per-target schedules in ``topi_bn.schedules`` register.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import te
+
+from ..checks import (
+    cast as _cast,
+    ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps,
+    check_float, check_same_dtype, conv_geometry,
+)
+
+RULE = "topi_bn.conv2d_bn_relu"
+DEPTHWISE_RULE = "topi_bn.depthwise_conv2d_bn_relu"
+
+__all__ = ["conv2d_bn_relu", "conv2d_shift_act", "RULE", "DEPTHWISE_RULE"]
+
+
+def conv2d_bn_relu(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
+                   beta: te.Tensor | None, mean: te.Tensor, var: te.Tensor,
+                   bias: te.Tensor | None = None, *, strides: Any = 1, padding: Any = 0,
+                   dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
+                   kernel_layout: str | None = None, eps: float = 1e-5,
+                   activation: str | None = "relu", out_dtype: str | None = None) -> te.Tensor:
+    """Fused conv2d -> [bias add] -> batch_norm(inference) -> activation.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        4-D with shape (N, C, H, W) for ``layout="NCHW"`` or (N, H, W, C) for ``"NHWC"``;
+        float32, float16 or bfloat16.
+    weight : te.Tensor
+        4-D with shape (K, C/groups, KH, KW) (OIHW) for NCHW, (KH, KW, C/groups, K) (HWIO) for
+        NHWC; same dtype as ``data``.
+    gamma, beta : te.Tensor or None
+        1-D with shape (K,). ``None`` means BN's ``scale=False`` / ``center=False``.
+    mean, var : te.Tensor
+        1-D with shape (K,): the moving statistics.
+    bias : te.Tensor, optional
+        1-D with shape (K,): a conv bias added before the batch-norm.
+    strides, dilation : int or (int, int)
+    padding : int, (pad_h, pad_w) or (top, left, bottom, right)
+    groups : int
+        Divides C and K; ``groups == C`` is a depthwise convolution.
+    eps : float
+        > 0, added to the variance.
+    activation : {"relu", "relu6", "none"}
+    out_dtype : str, optional
+        Output dtype; defaults to the dtype of ``data``.
+
+    BN parameters share one dtype, either ``data``'s or float32.
+
+    Returns
+    -------
+    te.Tensor
+        4-D with shape (N, K, OH, OW) for NCHW or (N, OH, OW, K) for NHWC.
+    """
+    geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
+                                             layout, kernel_layout, activation, out_dtype)
+    eps = check_eps(eps)
+    if mean is None or var is None:
+        raise ValueError("mean, var: the moving statistics are required for inference batch-norm")
+    params = [("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var), ("bias", bias)]
+    _check_params(params, geo, dtype)
+    acc = accum_dtype(dtype)
+    rule = _rule(geo)
+
+    def f32(t, k):
+        return _cast(t[k], acc)
+
+    scale = te.compute(
+        (geo.out_channels,),
+        lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
+        / te.sqrt(f32(var, k) + tvm.tirx.const(eps, acc)),
+        name="bn_scale", attrs={"schedule_rule": rule})
+
+    def shift_fn(k):
+        centered = (f32(bias, k) - f32(mean, k)) if bias is not None else -f32(mean, k)
+        shift = centered * scale[k]
+        return shift + f32(beta, k) if beta is not None else shift
+
+    shift = te.compute((geo.out_channels,), shift_fn, name="bn_shift",
+                       attrs={"schedule_rule": rule})
+    return _conv_epilogue(data, weight, geo, scale, shift, act, out_dtype)
+
+
+def conv2d_shift_act(data: te.Tensor, weight: te.Tensor, shift: te.Tensor, *, strides: Any = 1,
+                     padding: Any = 0, dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
+                     kernel_layout: str | None = None, activation: str | None = "relu",
+                     out_dtype: str | None = None) -> te.Tensor:
+    """The constant-parameter variant: ``weight`` already carries the BN scale.
+
+    .. math:: y = \\mathrm{act}(\\mathrm{conv}(x, w \\cdot s) + t)
+
+    ``shift`` is 1-D with shape (K,) (the folded shift, conv bias included); the other
+    arguments are as in :func:`conv2d_bn_relu`.
+    """
+    geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
+                                             layout, kernel_layout, activation, out_dtype)
+    if shift is None:
+        raise ValueError("shift: expected a 1-D tensor of the per-channel shift, got None")
+    _check_params([("shift", shift)], geo, dtype)
+    return _conv_epilogue(data, weight, geo, None, shift, act, out_dtype)
+
+
+def _check_conv(data, weight, padding, strides, dilation, groups, layout, kernel_layout,
+                activation, out_dtype):
+    check_float("data", data)
+    check_float("weight", weight)
+    dtype = check_same_dtype([("data", data), ("weight", weight)])
+    geo = conv_geometry(data, weight, strides, padding, dilation, groups, layout, kernel_layout)
+    act = check_choice("activation", activation, ACTIVATIONS)
+    out_dtype = out_dtype or dtype
+    if out_dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise ValueError(f"out_dtype: expected a float dtype, got {out_dtype!r}")
+    return geo, dtype, act, out_dtype
+
+
+def _check_params(params, geo: ConvGeometry, dtype: str) -> None:
+    for name, t in params:
+        check_channel_vector(name, t, geo.out_channels, "weight")
+    pdt = check_same_dtype(params)
+    if pdt not in (dtype, "float32"):
+        raise TypeError(f"{params[0][0]}: batch-norm parameters must be {dtype} (like data) or "
+                        f"float32, got {pdt}")
+
+
+def _rule(geo: ConvGeometry) -> str:
+    return DEPTHWISE_RULE if geo.depthwise else RULE
+
+
+
+def _conv_epilogue(data, weight, geo: ConvGeometry, scale, shift, act: str, out_dtype: str):
+    dtype = str(data.dtype)
+    acc = accum_dtype(dtype)
+    rule = _rule(geo)
+    attrs = {"schedule_rule": rule}
+    nchw = geo.layout == "NCHW"
+    pt, pl, pb, pr = geo.pad
+    sh, sw = geo.strides
+    dh, dw = geo.dilation
+    cg, kg = geo.in_per_group, geo.out_per_group
+
+    if any(geo.pad):
+        ph, pw = geo.in_h + pt + pb, geo.in_w + pl + pr
+        zero = tvm.tirx.const(0, dtype)
+
+        def pad_fn(n, a, b, c):
+            y, x = (b, c) if nchw else (a, b)
+            inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, x >= pl, x < pl + geo.in_w)
+            src = data[n, a, y - pt, x - pl] if nchw else data[n, y - pt, x - pl, c]
+            return tvm.tirx.if_then_else(inside, src, zero)
+
+        padded_shape = ((geo.batch, geo.in_channels, ph, pw) if nchw
+                        else (geo.batch, ph, pw, geo.in_channels))
+        padded = te.compute(padded_shape, pad_fn, name="pad", attrs=attrs)
+    else:
+        padded = data
+
+    ry = te.reduce_axis((0, geo.kh), name="ry")
+    rx = te.reduce_axis((0, geo.kw), name="rx")
+    if cg > 1:
+        rc = te.reduce_axis((0, cg), name="rc")
+        axes = [rc, ry, rx]
+    else:
+        rc = 0
+        axes = [ry, rx]
+
+    def conv_fn(n, a, b, c):
+        k, oy, ox = (a, b, c) if nchw else (c, a, b)
+        ic = (k // kg) * cg + rc
+        iy, ix = oy * sh + ry * dh, ox * sw + rx * dw
+        x = padded[n, ic, iy, ix] if nchw else padded[n, iy, ix, ic]
+        w = weight[k, rc, ry, rx] if nchw else weight[ry, rx, rc, k]
+        return te.sum(_cast(x, acc) * _cast(w, acc), axis=axes)
+
+    conv = te.compute(geo.out_shape, conv_fn, name="conv", attrs=attrs)
+
+    def act_fn(n, a, b, c):
+        k = a if nchw else c
+        v = conv[n, a, b, c]
+        v = v * scale[k] + _cast(shift[k], acc) if scale is not None else v + _cast(shift[k], acc)
+        if act in ("relu", "relu6"):
+            v = te.max(v, tvm.tirx.const(0, acc))
+        if act == "relu6":
+            v = te.min(v, tvm.tirx.const(6, acc))
+        return _cast(v, out_dtype)
+
+    return te.compute(geo.out_shape, act_fn, name="bn_act", attrs=attrs)

@@ -1,0 +1,163 @@
+"""NumPy float64 references: what the right answer is, for tests, benchmarks and users.
+
+Each function mirrors a compute in ``topi_bn.compute`` (same arguments, same argument checks)
+but works on NumPy arrays in float64, whatever their dtype, and returns float64.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .checks import (
+    ACTIVATIONS, RUNNING_STATS_CONVENTIONS, check_channel_vector, check_choice, check_eps,
+    check_momentum, conv_geometry, normalize_axis, normalize_trailing_axes,
+)
+
+__all__ = [
+    "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer",
+    "unpacked_batch_norm", "layer_norm", "apply_activation",
+]
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x, dtype=np.float64)
+
+
+def conv2d(data, weight, *, strides: Any = 1, padding: Any = 0, dilation: Any = 1,
+           groups: int = 1, layout: str = "NCHW") -> np.ndarray:
+    """Direct conv2d in float64 (NCHW/OIHW or NHWC/HWIO); returns the layout of ``data``."""
+    data, weight = np.asarray(data), np.asarray(weight)
+    geo = conv_geometry(data, weight, strides, padding, dilation, groups, layout)
+    x = _f64(data)
+    w = _f64(weight)
+    if geo.layout == "NHWC":
+        x = x.transpose(0, 3, 1, 2)
+        w = w.transpose(3, 2, 0, 1)
+    pt, pl, pb, pr = geo.pad
+    x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    sh, sw = geo.strides
+    dh, dw = geo.dilation
+    n = x.shape[0]
+    out = np.zeros((n, geo.out_channels, geo.out_h, geo.out_w))
+    cg, kg = geo.in_per_group, geo.out_per_group
+    for g in range(geo.groups):
+        xg = x[:, g * cg:(g + 1) * cg]
+        wg = w[g * kg:(g + 1) * kg]
+        for ky in range(geo.kh):
+            for kx in range(geo.kw):
+                y0, x0 = ky * dh, kx * dw
+                patch = xg[:, :, y0:y0 + sh * (geo.out_h - 1) + 1:sh,
+                           x0:x0 + sw * (geo.out_w - 1) + 1:sw]
+                out[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, wg[:, :, ky, kx])
+    return out.transpose(0, 2, 3, 1) if geo.layout == "NHWC" else out
+
+
+def apply_activation(x: np.ndarray, act: str | None) -> np.ndarray:
+    act = check_choice("activation", act, ACTIVATIONS)
+    if act == "relu":
+        return np.maximum(x, 0.0)
+    if act == "relu6":
+        return np.clip(x, 0.0, 6.0)
+    return x
+
+
+def _channel_view(v, ndim: int, axis: int) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def conv2d_bn_relu(data, weight, gamma, beta, mean, var, bias=None, *, strides: Any = 1,
+                   padding: Any = 0, dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
+                   eps: float = 1e-5, activation: str | None = "relu") -> np.ndarray:
+    """conv2d -> [bias add] -> batch_norm(inference) -> activation, in float64, op by op."""
+    eps = check_eps(eps)
+    y = conv2d(data, weight, strides=strides, padding=padding, dilation=dilation, groups=groups,
+               layout=layout)
+    caxis = 1 if layout.upper() == "NCHW" else 3
+    for name, t in (("bias", bias), ("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var)):
+        check_channel_vector(name, None if t is None else np.asarray(t), y.shape[caxis], "weight")
+    if bias is not None:
+        y = y + _channel_view(_f64(bias), 4, caxis)
+    y = unpacked_batch_norm(y, gamma, beta, mean, var, axis=caxis, eps=eps)
+    return apply_activation(y, activation)
+
+
+def conv2d_shift_act(data, weight, shift, *, strides: Any = 1, padding: Any = 0,
+                     dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
+                     activation: str | None = "relu") -> np.ndarray:
+    """conv2d with BN-scaled weights, plus the per-channel shift, then activation."""
+    y = conv2d(data, weight, strides=strides, padding=padding, dilation=dilation, groups=groups,
+               layout=layout)
+    caxis = 1 if layout.upper() == "NCHW" else 3
+    y = y + _channel_view(_f64(shift), 4, caxis)
+    return apply_activation(y, activation)
+
+
+def unpacked_batch_norm(data, gamma, beta, mean, var, *, axis: int = 1,
+                        eps: float = 1e-5) -> np.ndarray:
+    """Inference BN written op by op, as TVM's DecomposeOpsForInference unpacks it."""
+    x = _f64(data)
+    axis = normalize_axis("axis", axis, x.ndim)
+    eps = check_eps(eps)
+    view = lambda v: _channel_view(_f64(v), x.ndim, axis)  # noqa: E731
+    y = (x - view(mean)) / np.sqrt(view(var) + eps)
+    if gamma is not None:
+        y = y * view(gamma)
+    if beta is not None:
+        y = y + view(beta)
+    return y
+
+
+def batch_norm_infer(data, gamma, beta, mean, var, *, axis: int = 1, eps: float = 1e-5):
+    """Inference batch-norm in float64."""
+    return unpacked_batch_norm(data, gamma, beta, mean, var, axis=axis, eps=eps)
+
+
+def batch_norm_train(data, gamma, beta, running_mean, running_var, *, axis: int = 1,
+                     eps: float = 1e-5, momentum: float = 0.1, running_stats: str = "pytorch"):
+    """Training batch-norm in float64: ``[y, batch_mean, batch_var (biased), new_running_mean,
+    new_running_var]``.
+
+    ``running_stats="pytorch"``: ``new = (1 - momentum) * old + momentum * batch`` with the
+    unbiased variance (``n / (n - 1)``), as ``torch.nn.functional.batch_norm`` does.
+    ``running_stats="onnx"``: ``new = momentum * old + (1 - momentum) * batch`` with the biased
+    variance, as ONNX BatchNormalization's reference implementation does.
+    """
+    x = _f64(data)
+    axis = normalize_axis("axis", axis, x.ndim)
+    momentum = check_momentum(momentum)
+    convention = check_choice("running_stats", running_stats, RUNNING_STATS_CONVENTIONS)
+    red = tuple(d for d in range(x.ndim) if d != axis)
+    n = x.size // x.shape[axis]
+    mean = x.mean(axis=red)
+    var = ((x - _channel_view(mean, x.ndim, axis)) ** 2).mean(axis=red)
+    y = unpacked_batch_norm(x, gamma, beta, mean, var, axis=axis, eps=eps)
+    rm, rv = _f64(running_mean), _f64(running_var)
+    if convention == "pytorch":
+        new_mean = (1 - momentum) * rm + momentum * mean
+        new_var = (1 - momentum) * rv + momentum * var * n / (n - 1)
+    else:
+        new_mean = momentum * rm + (1 - momentum) * mean
+        new_var = momentum * rv + (1 - momentum) * var
+    return [y, mean, var, new_mean, new_var]
+
+
+def layer_norm(data, gamma=None, beta=None, *, axis=-1, eps: float = 1e-5,
+               return_stats: bool = False):
+    """layer_norm in float64; with ``return_stats`` also ``mean`` and ``rstd`` (rows)."""
+    x = _f64(data)
+    axes = normalize_trailing_axes("axis", axis, x.ndim)
+    eps = check_eps(eps)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean) * rstd
+    if gamma is not None:
+        y = y * _f64(gamma)
+    if beta is not None:
+        y = y + _f64(beta)
+    if return_stats:
+        return [y, mean.reshape(x.shape[:axes[0]]), rstd.reshape(x.shape[:axes[0]])]
+    return y

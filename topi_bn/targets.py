@@ -1,0 +1,185 @@
+"""Named targets, and one function that turns whatever a user passes into a ``tvm.target.Target``.
+
+Every public API of topi-bn accepts a ``tvm.target.Target``, a target dict (TVM 0.27 rejects
+option strings such as ``"llvm -mcpu=..."``), a TVM tag (``"arm/rasp4b64"``) or one of the names
+below:
+
+=============  ==========================================================================
+``x86``        this machine's CPU: ``mcpu`` chosen from the CPU flags, cores from the
+               affinity mask
+``x86-avx512`` a generic AVX-512 x86 (``skylake-avx512``)
+``x86-avx2``   a generic AVX2 x86 (``haswell``)
+``arm``        generic aarch64 with NEON (128-bit vectors)
+``cuda``       ``cuda-sm80`` and ``cuda-sm90``; ``cuda`` alone is sm_80
+=============  ==========================================================================
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any, Mapping
+
+import tvm
+from tvm.target import Target
+
+__all__ = [
+    "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
+    "vector_bits", "vector_lanes", "num_cores",
+]
+
+
+def _host_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@lru_cache(maxsize=1)
+def _host_mcpu() -> str:
+    """LLVM CPU name for this machine.
+
+    LLVM's host detection is kept when the CPU it names has every vector extension the CPU
+    flags report. Under some hypervisors it reports an AVX-512/AMX Xeon as ``rocketlake``, which
+    loses AMX; then the name is chosen from the flags instead.
+    """
+    from tvm.target import codegen
+
+    detected = codegen.llvm_get_system_cpu() or "x86-64"
+    flags = _cpu_flags()
+    if "amx_tile" in flags and detected not in _AMX_CPUS:
+        return "sapphirerapids"
+    width = vector_bits(Target({"kind": "llvm", "mcpu": detected}))
+    if "avx512f" in flags and width < 512:
+        return "icelake-server"
+    if "avx2" in flags and width < 256:
+        return "haswell"
+    return detected
+
+
+_AMX_CPUS = ("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids")
+
+
+def host_x86_target_dict() -> dict:
+    """Target dict of this machine's CPU (the ``x86`` name)."""
+    return {"kind": "llvm", "mcpu": _host_mcpu(), "num-cores": _host_cores()}
+
+
+def _named() -> dict[str, Any]:
+    cores = _host_cores()
+    return {
+        "x86": host_x86_target_dict,
+        "x86-avx512": lambda: {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores},
+        "x86-avx2": lambda: {"kind": "llvm", "mcpu": "haswell", "num-cores": cores},
+        "arm": lambda: {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"],
+                        "num-cores": 4},
+        "cuda": lambda: Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"}),
+        "cuda-sm80": lambda: Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"}),
+        "cuda-sm90": lambda: Target({"kind": "cuda", "arch": "sm_90"}, host={"kind": "llvm"}),
+    }
+
+
+TARGET_NAMES = tuple(_named())
+
+
+def resolve_target(target: Any, arg_name: str = "target") -> Target:
+    """Return a ``tvm.target.Target`` for a Target, a target dict, a TVM tag or a topi-bn name.
+
+    Raises
+    ------
+    TypeError
+        ``target`` is none of these types.
+    ValueError
+        ``target`` is a string that is neither a topi-bn name nor a TVM tag.
+    """
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, Mapping):
+        try:
+            return Target(dict(target))
+        except Exception as err:  # TVM raises its own error types
+            raise ValueError(f"{arg_name}: invalid target dict {dict(target)!r}: {err}") from None
+    if isinstance(target, str):
+        named = _named()
+        if target in named:
+            made = named[target]()
+            return made if isinstance(made, Target) else Target(made)
+        if " " in target or target.startswith("-"):
+            raise ValueError(
+                f"{arg_name}: {target!r} is an option string, which TVM 0.27 no longer accepts; "
+                f"pass a dict such as {{'kind': 'llvm', 'mcpu': 'haswell'}} or one of {TARGET_NAMES}")
+        try:
+            return Target(target)
+        except Exception:
+            raise ValueError(
+                f"{arg_name}: unknown target {target!r}; expected one of {TARGET_NAMES}, a TVM tag "
+                f"such as 'arm/rasp4b64', a target dict or a tvm.target.Target") from None
+    raise TypeError(
+        f"{arg_name}: expected a tvm.target.Target, a dict, a TVM tag or one of {TARGET_NAMES}, "
+        f"got {type(target).__name__}")
+
+
+def target_family(target: Any) -> str:
+    """``"cuda"``, ``"arm"`` or ``"x86"``: which schedule family serves ``target``."""
+    t = resolve_target(target)
+    keys = set(t.keys)
+    if "gpu" in keys or t.kind.name in ("cuda", "nvptx", "rocm", "vulkan", "opencl", "metal"):
+        return "cuda"
+    if "arm_cpu" in keys or "aarch64" in str(t.attrs.get("mtriple", "")):
+        return "arm"
+    return "x86"
+
+
+def tuning_log_key(target: Any) -> str:
+    """Folder name under ``tuning_logs/`` for ``target``: ``x86-avx512``, ``x86-avx2``,
+    ``arm-neon`` or ``cuda-sm_XX``."""
+    t = resolve_target(target)
+    family = target_family(t)
+    if family == "cuda":
+        return f"cuda-{t.attrs.get('arch', 'sm_80')}"
+    if family == "arm":
+        return "arm-neon"
+    return "x86-avx512" if vector_bits(t) >= 512 else "x86-avx2"
+
+
+def vector_bits(target: Any) -> int:
+    """SIMD register width in bits of a CPU target: 512 (AVX-512), 256 (AVX2), 128 (NEON, SSE).
+
+    Read from the target's LLVM CPU features. (``codegen.llvm_get_vector_width`` reports the
+    host's width for any x86 target in TVM 0.27, so it is not used.) SVE targets use 128, the
+    NEON width every SVE core also has.
+    """
+    from tvm.target import codegen
+
+    t = resolve_target(target)
+    if t.kind.name != "llvm":
+        raise ValueError(f"target: vector_bits needs a CPU (llvm) target, got kind {t.kind.name!r}")
+    if codegen.llvm_cpu_has_features(["avx512f"], t):
+        return 512
+    if codegen.llvm_cpu_has_features(["avx2"], t) or codegen.llvm_cpu_has_features(["avx"], t):
+        return 256
+    return 128
+
+
+def vector_lanes(target: Any, dtype: str = "float32") -> int:
+    """How many ``dtype`` elements fill one SIMD register of ``target``."""
+    bits = tvm.runtime.DataType(dtype).bits
+    return max(1, vector_bits(target) // bits)
+
+
+def num_cores(target: Any) -> int:
+    """``num-cores`` of a CPU target, or this machine's core count when the target has none."""
+    t = resolve_target(target)
+    n = t.attrs.get("num-cores", 0)
+    return int(n) if n else _host_cores()
