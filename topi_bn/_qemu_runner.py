@@ -2,7 +2,8 @@
 
 Standalone on purpose: it imports only numpy and the TVM runtime, never topi_bn (whose
 package import needs the TVM compiler, which the sysroot does not ship).
-Usage: python _qemu_runner.py SPEC.json, SPEC = {so, func, inputs: [npy], outputs: [{path, shape, dtype}]}
+Usage: python _qemu_runner.py SPEC.json with
+SPEC = {so, calls: [{func, inputs: [npy path], outputs: [{path, shape, dtype}]}]}
 """
 import json
 import sys
@@ -16,11 +17,12 @@ def main(spec_path):
         spec = json.load(f)
     dev = tvm.cpu(0)
     lib = tvm.runtime.load_module(spec["so"])
-    args = [tvm.runtime.tensor(np.load(p), dev) for p in spec["inputs"]]
-    outs = [tvm.runtime.tensor(np.zeros(o["shape"], o["dtype"]), dev) for o in spec["outputs"]]
-    lib[spec["func"]](*args, *outs)
-    for o, t in zip(spec["outputs"], outs):
-        np.save(o["path"], t.numpy())
+    for call in spec["calls"]:
+        args = [tvm.runtime.tensor(np.load(p), dev) for p in call["inputs"]]
+        outs = [tvm.runtime.tensor(np.zeros(o["shape"], o["dtype"]), dev) for o in call["outputs"]]
+        lib[call["func"]](*args, *outs)
+        for o, t in zip(call["outputs"], outs):
+            np.save(o["path"], t.numpy())
 
 
 if __name__ == "__main__":

@@ -1,31 +1,67 @@
-"""Cross-compile kernels for the ARM targets and run them under qemu-aarch64.
+"""topi-bn's ops cross-compiled for the ARM targets and run under qemu-aarch64.
 
-Checks correctness against NumPy float64; emulated timings mean nothing and are not taken.
+Each target (generic aarch64+neon, the ``arm/rasp4b64`` tag) gets one shared library holding
+every case below (unscheduled TE computes, as ``tvm.compile`` lowers them for llvm), run in one
+emulated process, and each output is compared with ``topi_bn.reference`` in float64 within
+``topi_bn.testing.TOLERANCES``. Emulated timings mean nothing and are not taken.
 """
 import numpy as np
 import pytest
 
-from topi_bn import arm_emulation
+from topi_bn import arm_emulation, workloads
+from topi_bn.testing import as_float64, assert_close
 
 pytestmark = pytest.mark.arm
 
+# (workload, dtype): the smoke workloads of the three ops (conv incl. depthwise + ReLU6),
+# plus the 16-bit path of the norms (float32 accumulation; rasp4b64 has no fp16 SIMD).
+CASES = [(w.name, "float32") for w in workloads.list_workloads("smoke")] + [
+    ("smoke.bn_train_4x8x6x6", "float16"),
+    ("smoke.layer_norm_16x64", "float16"),
+]
+CASE_IDS = [f"{name}-{dtype}" for name, dtype in CASES]
+OPS_COVERED = {workloads.get(name).op for name, _ in CASES}
 
-def _te_kernel():
-    """A small TE kernel with a reduction: y = relu(x - mean(x, axis=1)) * w."""
-    from tvm import te, topi
 
-    n, c = 8, 64
-    x = te.placeholder((n, c), "float32", name="x")
-    w = te.placeholder((c,), "float32", name="w")
-    mean = topi.sum(x, axis=1) / c
-    y = te.compute((n, c), lambda i, j: te.max(x[i, j] - mean[i], 0.0) * w[j], name="y")
-    f = te.create_prim_func([x, w, y]).with_attr("global_symbol", "k")
+def _func_name(i):
+    return f"case{i}"
 
-    def ref(xv, wv):
-        xv, wv = xv.astype(np.float64), wv.astype(np.float64)
-        return np.maximum(xv - xv.mean(axis=1, keepdims=True), 0) * wv
 
-    return f, (n, c), ref
+def _build_and_run(target, tmp_dir):
+    """Compile all CASES into one aarch64 .so, run them under qemu: {case_id: (outs, refs, dtype)}."""
+    import tvm
+    from tvm import te
+
+    funcs, calls, refs = {}, [], []
+    for i, (name, dtype) in enumerate(CASES):
+        w = workloads.get(name)
+        args = w.te_args(dtype)
+        outs = w.compute(*args)
+        funcs[_func_name(i)] = te.create_prim_func(args + outs).with_attr(
+            "global_symbol", _func_name(i))
+        inputs = w.random_inputs(dtype, seed=i)
+        calls.append((_func_name(i), inputs,
+                      [(tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]))
+        refs.append(w.reference(*[as_float64(a) for a in inputs]))
+    so = arm_emulation.cross_compile(tvm.IRModule(funcs), target, tmp_dir, name="ops")
+    results = arm_emulation.run_calls_under_qemu(so, calls)
+    return {cid: (got, ref, dtype)
+            for cid, got, ref, (_, dtype) in zip(CASE_IDS, results, refs, CASES)}
+
+
+@pytest.fixture(scope="module")
+def arm_results(arm_sysroot, tmp_path_factory):
+    cache = {}
+
+    def get(target_name):
+        if target_name not in cache:
+            import tvm
+
+            target = tvm.target.Target(arm_emulation.ARM_TARGETS[target_name])
+            cache[target_name] = _build_and_run(target, tmp_path_factory.mktemp(target_name))
+        return cache[target_name]
+
+    return get
 
 
 def test_sysroot_reason_when_absent(tmp_path):
@@ -33,14 +69,26 @@ def test_sysroot_reason_when_absent(tmp_path):
     assert root is None and "setup_arm_sysroot.sh" in reason
 
 
-def test_te_kernel_under_qemu(arm_sysroot, arm_target, tmp_path):
-    f, (n, c), ref = _te_kernel()
-    so = arm_emulation.cross_compile(f, arm_target, tmp_path)
-    with open(so, "rb") as fh:
-        elf = fh.read(20)
-    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183  # EM_AARCH64
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, c)).astype("float32")
-    w = rng.standard_normal(c).astype("float32")
-    (y,) = arm_emulation.run_under_qemu(so, "k", [x, w], [((n, c), "float32")])
-    np.testing.assert_allclose(y, ref(x, w), rtol=1e-5, atol=1e-5)
+def test_cases_cover_the_three_ops():
+    assert OPS_COVERED == {"conv2d_bn_relu", "batch_norm_train", "layer_norm"}
+
+
+@pytest.mark.parametrize("target_name", sorted(arm_emulation.ARM_TARGETS))
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_op_under_qemu_matches_reference(arm_results, target_name, case_id):
+    got, ref, dtype = arm_results(target_name)[case_id]
+    assert len(got) == len(ref)
+    scale = 2.0 if case_id.startswith("smoke.conv") or case_id.startswith("smoke.dw") else 1.0
+    for k, (g, r) in enumerate(zip(got, ref)):
+        assert_close(g, r, dtype, name=f"{case_id} output {k} on {target_name}", scale=scale)
+
+
+def test_shared_library_is_aarch64(arm_sysroot, tmp_path):
+    """The cross-compiled library is an aarch64 ELF for both targets (not a host one)."""
+    import tvm
+
+    f = workloads.get("smoke.layer_norm_16x64").prim_func().with_attr("global_symbol", "k")
+    for name, tgt in arm_emulation.ARM_TARGETS.items():
+        so = arm_emulation.cross_compile(f, tvm.target.Target(tgt), tmp_path, name=name)
+        head = so.read_bytes()[:20]
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183  # EM_AARCH64
