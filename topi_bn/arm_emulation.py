@@ -188,8 +188,8 @@ def start_rpc_server(tracker: str, key: str, *, host: str = "127.0.0.1", port: i
                      log_path: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start :mod:`topi_bn.arm_rpc_server` under qemu-aarch64, registered with ``tracker``.
 
-    The caller owns the returned process (``proc.terminate()``; ``proc.wait()``). Its output
-    goes to ``log_path`` (default: discarded).
+    The caller owns the returned process: stop it with :func:`stop_process`. Its output goes
+    to ``log_path`` (default: discarded).
     """
     cmd, env = qemu_python(sysroot)
     cmd = cmd + [str(_RPC_SERVER), "--tracker", tracker, "--key", key, "--host", host,
@@ -201,6 +201,26 @@ def start_rpc_server(tracker: str, key: str, *, host: str = "127.0.0.1", port: i
     finally:
         if log_path:
             out.close()
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+    """Stop a process started with ``start_new_session=True`` (as :func:`start_rpc_server`
+    does) together with its children (the RPC server forks one per session): SIGTERM to its
+    process group, then SIGKILL if it is still there after ``timeout`` seconds."""
+    import signal
+
+    if proc is None or proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from topi_bn import arm_emulation, rpc
@@ -63,29 +62,20 @@ def _wait_for_key(port, key, procs, logs, timeout=60.0):
                        + "\n".join(f"{n}: {Path(l).read_text()}" for n, l in logs.items()))
 
 
-def _stop(proc):
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+WORKLOAD = "smoke.layer_norm_16x64"  # small, from the registry; its blocks carry schedule_rule
 
 
 def _workload():
-    """Small matmul + bias + relu (float32), tunable by MetaSchedule's default rules."""
+    """The registry workload as a PrimFunc named main, its output shapes and dtypes."""
     from tvm import te
 
-    m, n, k = 32, 32, 64
-    a = te.placeholder((m, k), "float32", name="a")
-    b = te.placeholder((k, n), "float32", name="b")
-    r = te.reduce_axis((0, k), name="r")
-    mm = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="mm")
-    y = te.compute((m, n), lambda i, j: te.max(mm[i, j], 0.0), name="y")
-    f = te.create_prim_func([a, b, y]).with_attr("global_symbol", "main")
-    return f, (m, n, k)
+    from topi_bn import workloads
+
+    w = workloads.get(WORKLOAD)
+    args = w.te_args("float32")
+    outs = w.compute(*args)
+    f = te.create_prim_func(args + outs).with_attr("global_symbol", "main")
+    return w, f, [(tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]
 
 
 @pytest.mark.arm
@@ -111,7 +101,7 @@ def test_rpc_tuning_loopback(arm_sysroot, tmp_path):
                                                 log_path=logs["qemu rpc server"])
         _wait_for_key(port, KEY, {"rpc_tracker": tracker, "qemu rpc server": server}, logs)
 
-        f, (m, n, k) = _workload()
+        w, f, out_specs = _workload()
         work_dir = tmp_path / "tune"
         runner = rpc.make_rpc_runner(f"127.0.0.1:{port}", KEY, number=1, repeat=1,
                                      min_repeat_ms=0, session_timeout_sec=60)
@@ -135,12 +125,13 @@ def test_rpc_tuning_loopback(arm_sysroot, tmp_path):
         assert len(sch.trace.insts) > 0
         so = arm_emulation.cross_compile(tvm.compile(sch.mod, target=target), target, tmp_path)
     finally:
-        _stop(server)
-        _stop(tracker)
+        arm_emulation.stop_process(server)
+        arm_emulation.stop_process(tracker)
 
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k)).astype("float32")
-    b = rng.standard_normal((k, n)).astype("float32")
-    (y,) = arm_emulation.run_under_qemu(so, "main", [a, b], [((m, n), "float32")])
-    ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0)
-    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    from topi_bn.testing import as_float64, assert_close
+
+    inputs = w.random_inputs("float32", seed=0)
+    got = arm_emulation.run_under_qemu(so, "main", inputs, out_specs)
+    ref = w.reference(*[as_float64(a) for a in inputs])
+    for k, (g, r) in enumerate(zip(got, ref)):
+        assert_close(g, r, "float32", name=f"{WORKLOAD} output {k} (tuned)")
