@@ -518,7 +518,9 @@ def _channel_reduction(sch, block, epilogues: list, kn_threads, bpc, ct, channel
     if channel_last:
         co, ci = sch.split(rf_loops[0], [None, ct])
         outer = [co] + rf_loops[1:-2]
-        sch.reorder(*outer, rf_loops[-1], ci, rf_loops[-2])
+        # cross-thread reduction wants the reduction loops deepest: channels (threadIdx.x,
+        # coalesced) outside, then the serial rows, then the rows on threadIdx.y
+        sch.reorder(*outer, ci, rf_loops[-2], rf_loops[-1])
         sch.bind(sch.fuse(*outer) if len(outer) > 1 else outer[0], "blockIdx.x")
         sch.bind(ci, "threadIdx.x")
         sch.bind(rf_loops[-1], "threadIdx.y")
@@ -585,7 +587,8 @@ class ElementwiseKnobs:
 
     @classmethod
     def default(cls, inner_extent: int, item_bytes: int, limits: GpuLimits) -> "ElementwiseKnobs":
-        vector = max(1, 16 // item_bytes)  # 16-byte accesses; power-of-two lanes only
+        # 16-byte vectors of the float32 accumulator (TVM's limit); power-of-two lanes only
+        vector = max(1, 16 // max(item_bytes, 4))
         while inner_extent % vector:
             vector //= 2
         return cls(threads=limits.block_threads, vector=vector)
