@@ -146,20 +146,45 @@ def _rule(sch, block) -> str | None:
     return None if ann is None else str(ann)
 
 
+# blocks that write an op's results: never a producer inside the op, so a walk that reaches one
+# through a producer edge has left the op (an earlier op of the same kind)
+_OUTPUTS = {"bn_act", "bn_norm", "bn_batch_mean", "bn_batch_var", "bn_running_mean",
+            "bn_running_var", "ln_norm", "ln_mean_out", "ln_rstd_out"}
+
+
 def _op_blocks(sch, anchor) -> dict[str, object]:
-    """The blocks of the anchor's op, by base name: the connected blocks (through producers
-    and consumers) that carry the anchor's ``schedule_rule``."""
+    """The blocks of the anchor's op, by base name: the blocks carrying the anchor's
+    ``schedule_rule`` connected to it through the op's internal buffers (producer edges that do
+    not enter another op's output; consumer edges that do not leave an output)."""
     rule = _rule(sch, anchor)
     found = {sch.get(anchor).name_hint: anchor}
     todo = [anchor]
     while todo:
-        block = todo.pop()
-        for nxt in list(sch.get_producers(block)) + list(sch.get_consumers(block)):
+        block = todo.pop(0)
+        steps = [(p, True) for p in sch.get_producers(block)]
+        if _base(sch.get(block).name_hint) not in _OUTPUTS:
+            steps += [(c, False) for c in sch.get_consumers(block)]
+        for nxt, is_producer in steps:
             name = sch.get(nxt).name_hint
-            if name not in found and _rule(sch, nxt) == rule:
-                found[name] = nxt
-                todo.append(nxt)
+            if name in found or _rule(sch, nxt) != rule:
+                continue
+            if is_producer and _base(name) in _OUTPUTS:
+                continue
+            found[name] = nxt
+            todo.append(nxt)
     return {_base(n): b for n, b in found.items()}
+
+
+def _inline_producers(sch, blocks: dict) -> None:
+    """Inline elementwise producers of the op that are not topi-bn blocks (e.g. an add that
+    FuseOps put in front of a norm), where TVM allows it."""
+    for block in blocks.values():
+        for producer in sch.get_producers(block):
+            if _rule(sch, producer) is None:
+                try:
+                    sch.compute_inline(producer)
+                except tvm.s_tir.ScheduleError:
+                    pass
 
 
 def _inline_consumers(sch, block) -> None:
@@ -380,6 +405,7 @@ def _conv_prologue_epilogue(sch, blocks: dict) -> object:
 def _schedule_conv(sch, conv, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
     blocks = _op_blocks(sch, conv)
+    _inline_producers(sch, blocks)
     geo = _conv_info(sch, conv)
     epi = _conv_prologue_epilogue(sch, blocks)
     pad = blocks.get("pad")
@@ -457,6 +483,7 @@ class DepthwiseKnobs:
 def _schedule_depthwise(sch, conv, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
     blocks = _op_blocks(sch, conv)
+    _inline_producers(sch, blocks)
     epi = _conv_prologue_epilogue(sch, blocks)
     if "pad" in blocks:
         sch.compute_inline(blocks["pad"])
@@ -547,6 +574,7 @@ def _channel_reduction(sch, block, epilogues: list, kn_threads, bpc, ct, channel
 def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
     b = _op_blocks(sch, norm)
+    _inline_producers(sch, b)
     sum_block = b["bn_sum"]
     info = sch.get(sum_block)
     spatial = [iv for iv in info.iter_vars if iv.iter_type == tvm.tirx.IterVar.DataPar]
@@ -606,6 +634,7 @@ def _schedule_normalize(sch, norm, limits: GpuLimits, tunable: bool) -> None:
 def _schedule_bn_infer(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
     b = _op_blocks(sch, norm)
+    _inline_producers(sch, b)
     for name in ("bn_var", "bn_scale", "bn_mean"):  # var -> scale -> norm; mean -> norm
         if name in b:
             sch.compute_inline(b[name])
@@ -644,6 +673,7 @@ def _pow2_at_most(n: int) -> int:
 def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
     b = _op_blocks(sch, norm)
+    _inline_producers(sch, b)
     _inline_consumers(sch, norm)
     info = sch.get(b["ln_sum"])
     rows = 1
