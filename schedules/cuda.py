@@ -261,8 +261,10 @@ def _pick(sch, tunable: bool, candidates: list[int], default: int) -> object:
     return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
 
 
-def _unroll(sch, loop, max_step: int) -> None:
-    if max_step > 0:
+def _unroll(sch, loop, max_step) -> None:
+    """Ask TVM to unroll the loops under ``loop`` up to ``max_step`` steps (an int, or a sampled
+    ``ExprRV`` when tuning)."""
+    if not isinstance(max_step, int) or max_step > 0:
         sch.annotate(loop, "pragma_auto_unroll_max_step", max_step)
         sch.annotate(loop, "pragma_unroll_explicit", 1)
 
