@@ -311,3 +311,26 @@ def test_every_registry_workload_compiles_to_ptx(arch, dtype):
         ptx = bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,
                                       compiler="nvcc")).decode()
     assert set(re.findall(r"\.entry (\w+)\(", ptx)) == set(_kernels(src))
+
+
+@pytest.mark.parametrize("layout,groups,dilation", [("NHWC", 1, 1), ("NHWC", 1, 2), ("NCHW", 2, 2),
+                                                    ("NHWC", 16, 1)])
+def test_conv_layouts_groups_and_dilation_verify(layout, groups, dilation):
+    """Beyond the registry (NCHW, dilation 1): NHWC, grouped and dilated convolutions."""
+    target = resolve_target("cuda-sm90")
+    k = 16 if groups == 16 else 32
+    if layout == "NHWC":
+        x = te.placeholder((2, 12, 12, 16), "float16", name="data")
+        w = te.placeholder((3, 3, 16 // groups, k), "float16", name="weight")
+    else:
+        x = te.placeholder((2, 16, 12, 12), "float16", name="data")
+        w = te.placeholder((k, 16 // groups, 3, 3), "float16", name="weight")
+    params = [te.placeholder((k,), "float16", name=n) for n in ("gamma", "beta", "mean", "var")]
+    y = topi_bn.conv2d_bn_relu(x, w, *params, strides=2, padding=1, dilation=dilation,
+                               groups=groups, layout=layout)
+    mod = common.apply_default_schedules(
+        tvm.IRModule({"main": te.create_prim_func([x, w, *params, y])}), target)
+    assert cuda.verify_gpu(mod, target)
+    (_, params_src, body), = _kernels(_source(mod, target)).values()
+    assert ("__shared__" in body) == (groups != 16), "shared-memory tiling except depthwise"
+    assert "conv_ptr" not in params_src
