@@ -1,0 +1,15 @@
+"""topi-bn in TVM's graph compiler (Relax).
+
+- :mod:`.registration`: Relax lowers ``batch_norm`` and ``layer_norm`` with the topi-bn computes
+  (installed when this package is imported; :func:`unregister` / :func:`tvm_lowering` undo it).
+- :mod:`.fusion`: conv2d [+ bias] -> batch_norm -> [relu | relu6] into one fused kernel.
+- :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`) and the lowering pipeline
+  (:func:`pipeline`, :func:`lower`).
+- :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning.
+"""
+from . import registration
+from .registration import is_registered, register, tvm_lowering, unregister
+
+register()
+
+__all__ = ["registration", "register", "unregister", "is_registered", "tvm_lowering"]
