@@ -5,11 +5,20 @@
 - named workloads: :mod:`topi_bn.workloads`
 - targets: :mod:`topi_bn.targets`
 """
-from . import reference, workloads
-from .compute import (
+import os as _os
+
+# In a source checkout (PYTHONPATH=., ``python -m pytest``) schedules/ and tuning_logs/ sit beside
+# this package rather than inside it, where an install puts them: look there too.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "schedules")) and _os.path.isfile(
+        _os.path.join(_root, "schedules", "common.py")):
+    __path__.append(_root)
+
+from . import reference, workloads  # noqa: E402
+from .compute import (  # noqa: E402
     batch_norm_infer, batch_norm_train, conv2d_bn_relu, conv2d_shift_act, layer_norm,
 )
-from .targets import resolve_target
+from .targets import resolve_target  # noqa: E402
 
 __version__ = "0.1.0"
 

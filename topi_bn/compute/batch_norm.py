@@ -10,7 +10,9 @@ Training mode (Ioffe & Szegedy, 2015), over every axis except the channel axis, 
     y = (x - \\mu_c)\\,\\frac{\\gamma_c}{\\sqrt{\\sigma^2_c + \\epsilon}} + \\beta_c
 
 The variance is a second pass over the deviations from the mean, never
-:math:`E[x^2] - E[x]^2`, and both passes accumulate in float32 for 16-bit inputs.
+:math:`E[x^2] - E[x]^2`, and both passes accumulate in float32 for 16-bit inputs. The first pass
+sums :math:`x - p_c`, with :math:`p_c` the channel's first element (shifted data), so data far
+from zero (mean 1e4, std 1) loses no digits of the mean either.
 
 Running statistics, ``running_stats="pytorch"`` (PyTorch, TensorFlow): the unbiased variance
 :math:`\\sigma^2_c \\cdot n / (n - 1)` and ``new = (1 - momentum) * old + momentum * batch``.
@@ -91,18 +93,27 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
         return _cast(data[tuple(c if d == axis else next(it) for d in range(len(shape)))], acc)
 
     r1 = reduce_axes("r")
-    total = te.compute((channels,), lambda c: te.sum(element(c, r1), axis=r1), name="bn_sum",
-                       attrs=attrs)
-    mean = te.compute((channels,), lambda c: total[c] / n, name="bn_mean", attrs=attrs)
+    first = [0] * (len(shape) - 1)
+
+    def pivot(c):
+        return element(c, first)
+
+    total = te.compute((channels,), lambda c: te.sum(element(c, r1) - pivot(c), axis=r1),
+                       name="bn_sum", attrs=attrs)
+    # bn_mean is the shifted mean: mean - pivot
+    shifted = te.compute((channels,), lambda c: total[c] / n, name="bn_mean", attrs=attrs)
     r2 = reduce_axes("s")
 
     def sqdev(c):
-        dev = element(c, r2) - mean[c]
+        dev = (element(c, r2) - pivot(c)) - shifted[c]
         return te.sum(dev * dev, axis=r2)
 
     sq = te.compute((channels,), sqdev, name="bn_sqdev", attrs=attrs)
     var = te.compute((channels,), lambda c: sq[c] / n, name="bn_var", attrs=attrs)
-    y = _normalize(data, axis, mean, var, gamma, beta, eps, acc, TRAIN_RULE)
+    y = _normalize(data, axis, pivot, shifted, var, gamma, beta, eps, acc, TRAIN_RULE)
+
+    def mean(c):
+        return pivot(c) + shifted[c]
 
     m = tvm.tirx.const(momentum, acc)
     keep = tvm.tirx.const(1.0 - momentum, acc)
@@ -116,9 +127,9 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
     def out(x, name):
         return te.compute((channels,), lambda c: _cast(x(c), pdtype), name=name, attrs=attrs)
 
-    batch_mean = out(lambda c: mean[c], "bn_batch_mean")
+    batch_mean = out(mean, "bn_batch_mean")
     batch_var = out(lambda c: var[c], "bn_batch_var")
-    new_mean = out(lambda c: old_w * _cast(running_mean[c], acc) + new_w * mean[c],
+    new_mean = out(lambda c: old_w * _cast(running_mean[c], acc) + new_w * mean(c),
                    "bn_running_mean")
     new_var = out(lambda c: old_w * _cast(running_var[c], acc) + new_w * var[c] * unbias,
                   "bn_running_var")
@@ -139,7 +150,8 @@ def batch_norm_infer(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
                           attrs={"schedule_rule": INFER_RULE})
     var_acc = te.compute(shape_of(var), lambda c: _cast(var[c], acc), name="bn_var",
                          attrs={"schedule_rule": INFER_RULE})
-    return _normalize(data, axis, mean_acc, var_acc, gamma, beta, eps, acc, INFER_RULE)
+    return _normalize(data, axis, lambda c: mean_acc[c], None, var_acc, gamma, beta, eps, acc,
+                      INFER_RULE)
 
 
 def _check_bn(data, gamma, beta, mean, var, axis, eps):
@@ -164,7 +176,9 @@ def _check_bn(data, gamma, beta, mean, var, axis, eps):
     return axis, dtype, pdtype
 
 
-def _normalize(data, axis, mean, var, gamma, beta, eps, acc, rule):
+def _normalize(data, axis, center, shifted, var, gamma, beta, eps, acc, rule):
+    """``y = ((x - center(c)) - shifted[c]) * scale[c] + beta[c]``: ``center`` is the mean, or
+    the pivot when ``shifted`` holds the mean's offset from it."""
     attrs = {"schedule_rule": rule}
     eps_c = tvm.tirx.const(eps, acc)
     channels = shape_of(data)[axis]
@@ -177,7 +191,10 @@ def _normalize(data, axis, mean, var, gamma, beta, eps, acc, rule):
 
     def norm(*idx):
         c = idx[axis]
-        v = (_cast(data[idx], acc) - mean[c]) * scale[c]
+        dev = _cast(data[idx], acc) - center(c)
+        if shifted is not None:
+            dev = dev - shifted[c]
+        v = dev * scale[c]
         if beta is not None:
             v = v + _cast(beta[c], acc)
         return _cast(v, str(data.dtype))

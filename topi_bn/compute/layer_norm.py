@@ -8,7 +8,8 @@ Ba, Kiros & Hinton, 2016. Over the trailing axes, with :math:`n` elements per ro
     \\mathrm{rstd} = \\Big(\\frac{1}{n}\\sum (x - \\mu)^2 + \\epsilon\\Big)^{-1/2}, \\qquad
     y = (x - \\mu)\\,\\mathrm{rstd}\\,\\gamma + \\beta
 
-Blocks carry ``schedule_rule = "topi_bn.layer_norm"``.
+The first pass sums :math:`x - p` with :math:`p` the row's first element (shifted data), so
+rows far from zero keep the digits of their mean. Blocks carry ``schedule_rule = "topi_bn.layer_norm"``.
 """
 from __future__ import annotations
 
@@ -72,13 +73,19 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
         return _cast(data[tuple(row) + tuple(r)], acc)
 
     r1 = red("r")
-    total = te.compute(rows, lambda *row: te.sum(elem(row, r1), axis=r1), name="ln_sum",
-                       attrs=attrs)
-    mean = te.compute(rows, lambda *row: total[row] / n, name="ln_mean", attrs=attrs)
+    first = [0] * len(norm_shape)
+
+    def pivot(row):
+        return elem(row, first)
+
+    total = te.compute(rows, lambda *row: te.sum(elem(row, r1) - pivot(row), axis=r1),
+                       name="ln_sum", attrs=attrs)
+    # ln_mean is the shifted mean: mean - pivot
+    shifted = te.compute(rows, lambda *row: total[row] / n, name="ln_mean", attrs=attrs)
     r2 = red("s")
 
     def sqdev(*row):
-        dev = elem(row, r2) - mean[row]
+        dev = (elem(row, r2) - pivot(row)) - shifted[row]
         return te.sum(dev * dev, axis=r2)
 
     sq = te.compute(rows, sqdev, name="ln_sqdev", attrs=attrs)
@@ -89,7 +96,7 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
 
     def norm(*idx):
         row, col = idx[:-k], idx[-k:]
-        v = (_cast(data[idx], acc) - mean[row]) * rstd[row]
+        v = ((_cast(data[idx], acc) - pivot(row)) - shifted[row]) * rstd[row]
         if gamma is not None:
             v = v * _cast(gamma[col], acc)
         if beta is not None:
@@ -100,6 +107,6 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
     if not return_stats:
         return y
     stat_dtype = acc
-    return [y, te.compute(rows, lambda *r: _cast(mean[r], stat_dtype), name="ln_mean_out", attrs=attrs),
+    return [y, te.compute(rows, lambda *r: _cast(pivot(r) + shifted[r], stat_dtype), name="ln_mean_out", attrs=attrs),
             te.compute(rows, lambda *r: _cast(rstd[r], stat_dtype), name="ln_rstd_out", attrs=attrs)]
 

@@ -1,0 +1,73 @@
+import pytest
+import tvm
+
+import topi_bn
+from topi_bn import targets, workloads
+
+
+@pytest.mark.parametrize("name,family,lanes,log_key", [
+    ("x86-avx512", "x86", 16, "x86-avx512"),
+    ("x86-avx2", "x86", 8, "x86-avx2"),
+    ("arm", "arm", 4, "arm-neon"),
+    ("arm/rasp4b64", "arm", 4, "arm-neon"),
+    ("cuda-sm80", "cuda", None, "cuda-sm_80"),
+    ("cuda-sm90", "cuda", None, "cuda-sm_90"),
+])
+def test_named_targets(name, family, lanes, log_key):
+    t = targets.resolve_target(name)
+    assert isinstance(t, tvm.target.Target)
+    assert targets.target_family(t) == family
+    assert targets.tuning_log_key(t) == log_key
+    if lanes is not None:
+        assert targets.vector_lanes(t, "float32") == lanes
+        assert targets.vector_lanes(t, "float16") == 2 * lanes
+
+
+def test_host_target_follows_the_cpu_flags():
+    t = targets.resolve_target("x86")
+    flags = targets._cpu_flags()
+    assert int(t.attrs["num-cores"]) == targets._host_cores()
+    if "avx512f" in flags:
+        assert targets.vector_bits(t) == 512
+    elif "avx2" in flags:
+        assert targets.vector_bits(t) == 256
+
+
+def test_every_api_form_is_accepted():
+    d = {"kind": "llvm", "mcpu": "haswell"}
+    assert targets.resolve_target(d).attrs["mcpu"] == "haswell"
+    t = tvm.target.Target(d)
+    assert targets.resolve_target(t) is t
+    with pytest.raises(ValueError, match="vector_bits needs a CPU"):
+        targets.vector_bits("cuda")
+
+
+def test_registry_groups_and_sizes():
+    assert set(workloads.groups()) == {"resnet50", "mobilenetv2", "bn_train", "layer_norm", "smoke"}
+    r50 = workloads.list_workloads("resnet50")
+    assert len(r50) == len({w.name for w in r50}) >= 15
+    stem = workloads.get("resnet50.conv7x7_3_64_224_s2_relu")
+    assert stem.flops == 2 * 64 * 112 * 112 * 3 * 7 * 7
+    mb = workloads.list_workloads("mobilenetv2")
+    assert any(w.params["groups"] > 1 for w in mb)
+    assert {w.shapes["data"] for w in workloads.list_workloads("bn_train")} == {
+        (32, 64, 56, 56), (32, 56, 56, 64), (8, 256, 28, 28), (8, 28, 28, 256)}
+    assert {w.shapes["data"] for w in workloads.list_workloads("layer_norm")} == {
+        (128, 768), (4096, 1024), (512, 4096)}
+    assert all("smoke" not in w.groups for w in workloads.list_workloads())
+    with pytest.raises(ValueError, match="workload: unknown name"):
+        workloads.get("resnet51.conv")
+    with pytest.raises(ValueError, match="group: expected one of"):
+        workloads.list_workloads("vgg")
+
+
+@pytest.mark.parametrize("name", [w.name for w in workloads.list_workloads("smoke")])
+def test_smoke_workloads_match_their_reference(name):
+    from topi_bn.testing import assert_close, run_te
+
+    w = workloads.get(name)
+    args = w.te_args()
+    arrays = w.random_inputs()
+    got = run_te(args, w.compute(*args), arrays)
+    for g, e in zip(got, w.reference(*arrays)):
+        assert_close(g, e, "float32")

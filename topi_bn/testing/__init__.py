@@ -1,0 +1,82 @@
+"""Helpers for checking topi-bn kernels against the float64 references (tests, benchmarks).
+
+``TOLERANCES`` is the per-dtype ``(atol, rtol)`` table every numerics check uses; outputs are
+compared with the float64 reference after the inputs were rounded to the tested dtype.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te"]
+
+# dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
+TOLERANCES = {
+    "float64": (1e-10, 1e-10),
+    "float32": (1e-4, 1e-4),
+    "float16": (2e-2, 1e-2),
+    "bfloat16": (1.5e-1, 3e-2),
+}
+
+
+def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` as ``dtype`` (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(a).astype(ml_dtypes.bfloat16)
+    return np.asarray(a).astype(dtype)
+
+
+def as_float64(a) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def assert_close(actual, reference, dtype: str, name: str = "output", scale: float = 1.0) -> None:
+    """Fail unless ``actual`` matches the float64 ``reference`` within ``TOLERANCES[dtype]``.
+
+    ``scale`` widens the tolerance for outputs whose magnitude grows with the problem (a conv
+    over a long reduction).
+    """
+    atol, rtol = TOLERANCES[dtype]
+    actual = as_float64(actual)
+    reference = as_float64(reference)
+    if actual.shape != reference.shape:
+        raise AssertionError(f"{name}: shape {actual.shape} != reference shape {reference.shape}")
+    if not np.all(np.isfinite(actual)):
+        raise AssertionError(f"{name}: non-finite values in the output")
+    np.testing.assert_allclose(actual, reference, atol=atol * scale, rtol=rtol * scale,
+                               err_msg=f"{name} ({dtype})")
+
+
+def run_prim_func(lib, inputs: Sequence[np.ndarray], output_shapes_dtypes, device=None,
+                  func_name: str = "main") -> list[np.ndarray]:
+    """Call a compiled PrimFunc module (destination-passing style) and return its outputs."""
+    import tvm
+
+    dev = device or tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    outs = [tvm.runtime.empty(tuple(int(d) for d in shape), dtype, dev)
+            for shape, dtype in output_shapes_dtypes]
+    lib[func_name](*args, *outs)
+    return [o.numpy() for o in outs]
+
+
+def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",
+           schedule: bool = False) -> list[np.ndarray]:
+    """Build TE ``te_outputs`` of ``te_inputs`` for a CPU ``target`` (optionally with the
+    topi-bn default schedules), run it on ``arrays`` and return the outputs."""
+    import tvm
+    from tvm import te
+
+    outs = list(te_outputs) if isinstance(te_outputs, (list, tuple)) else [te_outputs]
+    mod = tvm.IRModule({"main": te.create_prim_func(list(te_inputs) + outs)})
+    if schedule:
+        from topi_bn.schedules import apply_default_schedules
+
+        mod = apply_default_schedules(mod, target)
+    from topi_bn.targets import resolve_target
+
+    lib = tvm.compile(mod, target=resolve_target(target))
+    return run_prim_func(lib, arrays, [(o.shape, o.dtype) for o in outs])
