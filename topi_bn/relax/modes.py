@@ -53,7 +53,7 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
     if not isinstance(params, Mapping):
         raise TypeError(f"params: expected a dict of parameter name -> array, got "
                         f"{type(params).__name__}")
-    names = {p.name_hint for p in mod[func_name].params}
+    names = {p.name for p in mod[func_name].params}
     unknown = sorted(set(params) - names)
     if unknown:
         raise ValueError(f"params: {unknown} are not parameters of {func_name!r} "
@@ -179,6 +179,18 @@ class ApplyDefaultSchedules:
             return mod
 
 
+def _backend_pipeline(target):
+    """The module of TVM's default pipeline passes for ``target`` (``tvm.relax.pipeline``'s
+    own dispatchers reach ``cpu_generic.dataflow_lower_passes``, which 0.27 does not export)."""
+    import importlib
+
+    kind = target.kind.name
+    name = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}.get(kind, "gpu_generic")
+    if name == "gpu_generic" and "gpu" not in target.keys:
+        raise ValueError(f"target: no Relax pipeline for target kind {kind!r}")
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
 def pipeline(target: Any, database=None) -> tvm.transform.Pass:
     """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
 
@@ -189,7 +201,7 @@ def pipeline(target: Any, database=None) -> tvm.transform.Pass:
       the default schedules of every remaining topi-bn PrimFunc, then (GPU) dlight for the rest.
     """
     target = resolve_target(target)
-    from tvm.relax import pipeline as rp
+    rp = _backend_pipeline(target)
 
     def passes():
         legalize = list(rp.legalize_passes(target))
