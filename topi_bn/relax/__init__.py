@@ -12,14 +12,15 @@ from .registration import is_registered, register, tvm_lowering, unregister
 
 register()
 
-from . import fusion, modes  # noqa: E402
+from . import frontends, fusion, modes  # noqa: E402
+from .frontends import from_exported_program, from_onnx  # noqa: E402
 from .fusion import (  # noqa: E402
     FuseConvBatchNorm, FuseConvShiftAct, fuse_conv_batch_norm, fuse_conv_shift_act,
 )
 from .modes import BN_MODES, ApplyDefaultSchedules, apply_bn_mode, lower, pipeline  # noqa: E402
 
 __all__ = [
-    "registration", "fusion", "modes", "register", "unregister", "is_registered",
+    "registration", "fusion", "modes", "frontends", "from_onnx", "from_exported_program", "register", "unregister", "is_registered",
     "tvm_lowering", "FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm",
     "fuse_conv_shift_act", "BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline",
     "lower",
