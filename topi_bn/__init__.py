@@ -5,6 +5,8 @@
 - named workloads: :mod:`topi_bn.workloads`
 - targets: :mod:`topi_bn.targets`
 - batch-norm folding with a fold record: :mod:`topi_bn.fold`
+- Relax registration (on import), conv+BN+activation fusion, bn modes, frontends:
+  :mod:`topi_bn.relax`
 """
 import os as _os
 
@@ -24,6 +26,11 @@ from .fold import (  # noqa: E402
     fold_batch_norm,
 )
 from .targets import resolve_target  # noqa: E402
+from . import schedules  # noqa: E402,F401  (registers the per-target MetaSchedule rules)
+from .relax import (  # noqa: E402  (importing topi_bn.relax registers the Relax lowering)
+    BN_MODES, FuseConvBatchNorm, FuseConvShiftAct, apply_bn_mode, from_exported_program,
+    from_onnx, is_registered, lower, pipeline, register, tvm_lowering, unregister,
+)
 
 __version__ = "0.1.0"
 
@@ -32,4 +39,7 @@ __all__ = [
     "reference", "workloads", "resolve_target",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",
+    "register", "unregister", "is_registered", "tvm_lowering", "FuseConvBatchNorm",
+    "FuseConvShiftAct", "apply_bn_mode", "lower", "pipeline", "BN_MODES", "from_onnx",
+    "from_exported_program",
 ]
