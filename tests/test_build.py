@@ -198,3 +198,26 @@ def test_build_argument_errors(func):
         build(func, "x86", params={"x": np.zeros(1)})
     with pytest.raises(ValueError, match="target"):
         build(func, "pdp11")
+
+
+def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
+    """A graph with ``relax.op.nn.layer_norm``, lowered by the topi-bn registration, reaches the
+    record tuned for the registry workload of the same shape."""
+    import tvm
+    from tvm import relax
+
+    from topi_bn.build import build
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in workload.shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit(relax.op.nn.layer_norm(params[0], params[1], params[2], axes=[-1]))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    with caplog.at_level(logging.INFO, logger="topi_bn"):
+        ex = build(bb.get(), "x86", tuning_logs=log_dir)
+    assert "no tuning record" not in caplog.text
+    ins = workload.random_inputs()
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in ins])
+    assert_close([out.numpy()], workload.reference(*ins))
