@@ -221,3 +221,19 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
     ins = workload.random_inputs()
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in ins])
     assert_close([out.numpy()], workload.reference(*ins))
+
+
+@pytest.mark.parametrize("name", ["resnet50.conv3x3_64_64_56_s1_relu", "bn_train.nchw_8x256x28x28",
+                                  "layer_norm.128x768"])
+def test_shipped_x86_log_matches_the_computes(name):
+    """The shipped x86-avx512 records still match the computes (they stop matching when a
+    compute changes: then re-tune, see tuning_logs/x86-avx512/README.md)."""
+    from topi_bn.build import schedule_prim_func, shipped_log_dir
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import workload_prim_func
+
+    target = resolve_target("x86-avx512")
+    if not os.path.isdir(shipped_log_dir(target)):
+        pytest.fail(f"no shipped log at {shipped_log_dir(target)}")
+    _, applied = schedule_prim_func(workload_prim_func(name), target, tuning_logs="shipped")
+    assert applied, f"shipped x86-avx512 log has no record for {name}: re-tune"
