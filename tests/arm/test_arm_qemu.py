@@ -1,8 +1,8 @@
 """topi-bn's ops cross-compiled for the ARM targets and run under qemu-aarch64.
 
 Each target (generic aarch64+neon, the ``arm/rasp4b64`` tag) gets one shared library holding
-every case below (unscheduled TE computes, as ``tvm.compile`` lowers them for llvm), run in one
-emulated process, and each output is compared with ``topi_bn.reference`` in float64 within
+every case below twice: with the ARM schedules (``schedules/arm.py``: the CPU schedules with
+NEON's width read from the target) and unscheduled, run in one emulated process, and each output is compared with ``topi_bn.reference`` in float64 within
 ``topi_bn.testing.TOLERANCES``. Emulated timings mean nothing and are not taken.
 """
 import numpy as np
@@ -19,7 +19,8 @@ CASES = [(w.name, "float32") for w in workloads.list_workloads("smoke")] + [
     ("smoke.bn_train_4x8x6x6", "float16"),
     ("smoke.layer_norm_16x64", "float16"),
 ]
-CASE_IDS = [f"{name}-{dtype}" for name, dtype in CASES]
+CASE_IDS = [f"{name}-{dtype}-{kind}" for kind in ("scheduled", "unscheduled")
+            for name, dtype in CASES]
 OPS_COVERED = {workloads.get(name).op for name, _ in CASES}
 
 
@@ -32,21 +33,30 @@ def _build_and_run(target, tmp_dir):
     import tvm
     from tvm import te
 
-    funcs, calls, refs = {}, [], []
-    for i, (name, dtype) in enumerate(CASES):
-        w = workloads.get(name)
-        args = w.te_args(dtype)
-        outs = w.compute(*args)
-        funcs[_func_name(i)] = te.create_prim_func(args + outs).with_attr(
-            "global_symbol", _func_name(i))
-        inputs = w.random_inputs(dtype, seed=i)
-        calls.append((_func_name(i), inputs,
-                      [(tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]))
-        refs.append(w.reference(*[as_float64(a) for a in inputs]))
-    so = arm_emulation.cross_compile(tvm.IRModule(funcs), target, tmp_dir, name="ops")
+    from topi_bn.schedules import apply_default_schedules
+
+    funcs, calls, refs, dtypes = {}, [], [], []
+    for kind in ("scheduled", "unscheduled"):
+        for i, (name, dtype) in enumerate(CASES):
+            w = workloads.get(name)
+            args = w.te_args(dtype)
+            outs = w.compute(*args)
+            fname = f"{_func_name(i)}_{kind}"
+            func = te.create_prim_func(args + outs)
+            if kind == "scheduled":
+                func = apply_default_schedules(tvm.IRModule({"main": func}), target)["main"]
+            funcs[fname] = func.with_attr("global_symbol", fname)
+            inputs = w.random_inputs(dtype, seed=i)
+            calls.append((fname, inputs,
+                          [(tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]))
+            refs.append(w.reference(*[as_float64(a) for a in inputs]))
+            dtypes.append(dtype)
+    mod = tvm.IRModule(funcs)
+    assert sum(bool(f.attrs.get("tirx.is_scheduled", False)) for f in funcs.values()) == len(CASES)
+    so = arm_emulation.cross_compile(mod, target, tmp_dir, name="ops")
     results = arm_emulation.run_calls_under_qemu(so, calls)
     return {cid: (got, ref, dtype)
-            for cid, got, ref, (_, dtype) in zip(CASE_IDS, results, refs, CASES)}
+            for cid, got, ref, dtype in zip(CASE_IDS, results, refs, dtypes)}
 
 
 @pytest.fixture(scope="module")
