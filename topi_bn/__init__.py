@@ -4,6 +4,8 @@
 - float64 references: :mod:`topi_bn.reference`
 - named workloads: :mod:`topi_bn.workloads`
 - targets: :mod:`topi_bn.targets`
+- production build with tuning logs: :func:`topi_bn.build`; tuning: :func:`topi_bn.tune`
+  (``topi-bn tune``)
 - batch-norm folding with a fold record: :mod:`topi_bn.fold`
 - Relax registration (on import), conv+BN+activation fusion, bn modes, frontends:
   :mod:`topi_bn.relax`
@@ -31,6 +33,8 @@ if not _tvm_base._RUNTIME_ONLY:
         fold_batch_norm,
     )
     from .targets import resolve_target
+    from .build import build
+    from .tuning import tune, workload_prim_func
     from . import schedules  # noqa: F401  (registers the per-target MetaSchedule rules)
     from .relax import (  # importing topi_bn.relax registers the Relax lowering
         BN_MODES, FuseConvBatchNorm, FuseConvShiftAct, apply_bn_mode, from_exported_program,
@@ -41,7 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer", "layer_norm",
-    "reference", "workloads", "resolve_target",
+    "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",
     "register", "unregister", "is_registered", "tvm_lowering", "FuseConvBatchNorm",
