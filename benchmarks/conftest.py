@@ -40,6 +40,7 @@ def pytest_configure(config):
     from topi_bn import bench
 
     config._topi_bn_threads = bench.set_threads(config.getoption("--bench-threads"))
+    config._topi_bn_smoke = smoke_mode(config)
 
 
 def pytest_collect_file(file_path, parent):

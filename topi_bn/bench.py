@@ -1153,7 +1153,7 @@ def run_bench(args: argparse.Namespace) -> int:
     results = bench_workloads(wls, cfg)
     net_text = ""
     if not (args.quick or smoke or args.no_networks or args.workload or args.group):
-        from . import bench_networks as nets
+        from . import network_bench as nets
 
         net_results = nets.bench_networks(cfg, progress=_progress)
         results = list(results) + net_results
