@@ -112,15 +112,14 @@ def family_for(target: Target) -> ModuleType:
 def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
                       func_name: str = "main") -> bool:
     """Schedule every topi-bn op in ``sch``'s function; False when it has none."""
-    ops = topi_bn_blocks(sch, func_name)
+    ops = [(op, sch.get(block).name_hint) for op, block in topi_bn_blocks(sch, func_name)]
     if not ops:
         return False
     family = family_for(target)
     sch.work_on(func_name)
-    for op, _ in ops:
-        # look the anchor up again: scheduling an earlier op may have replaced block RVs
-        anchor = next(b for o, b in topi_bn_blocks(sch, func_name) if o == op)
-        family.schedule_op(op, sch, anchor, target, tunable)
+    for op, name in ops:
+        # look the anchor up by name: scheduling an earlier op may have replaced block RVs
+        family.schedule_op(op, sch, sch.get_sblock(name, func_name), target, tunable)
     return True
 
 

@@ -4,6 +4,7 @@
 - float64 references: :mod:`topi_bn.reference`
 - named workloads: :mod:`topi_bn.workloads`
 - targets: :mod:`topi_bn.targets`
+- batch-norm folding with a fold record: :mod:`topi_bn.fold`
 """
 import os as _os
 
@@ -18,6 +19,10 @@ from . import reference, workloads  # noqa: E402
 from .compute import (  # noqa: E402
     batch_norm_infer, batch_norm_train, conv2d_bn_relu, conv2d_shift_act, layer_norm,
 )
+from .fold import (  # noqa: E402
+    SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
+    fold_batch_norm,
+)
 from .targets import resolve_target  # noqa: E402
 
 __version__ = "0.1.0"
@@ -25,4 +30,6 @@ __version__ = "0.1.0"
 __all__ = [
     "conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer", "layer_norm",
     "reference", "workloads", "resolve_target",
+    "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
+    "SKIP_REASONS", "bn_scale_shift",
 ]

@@ -1,0 +1,159 @@
+"""Frontends (ONNX, PyTorch, TensorFlow-style) and whole networks built with topi-bn."""
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import topi_bn.relax as tr
+from topi_bn import reference
+from topi_bn.testing import assert_close
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+def _run(mod, *args, lower=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no schedules for the host family yet
+        ex = tr.lower(mod, TARGET) if lower else tvm.compile(mod, TARGET)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [o.numpy() for o in out]
+
+
+# ----------------------------------------------------------------------------- ONNX
+
+def _onnx_bn_model(rng, shape, momentum):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = shape[1]
+    arrays = {"s": rng.standard_normal(c), "b": rng.standard_normal(c),
+              "m": rng.standard_normal(c), "v": rng.random(c) + 0.5}
+    inits = [numpy_helper.from_array(a.astype("float32"), n) for n, a in arrays.items()]
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                            training_mode=1, momentum=momentum, epsilon=1e-5)
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape)),
+            helper.make_tensor_value_info("rm", TensorProto.FLOAT, [c]),
+            helper.make_tensor_value_info("rv", TensorProto.FLOAT, [c])]
+    graph = helper.make_graph([node], "bn", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["topi_bn.lower", "tvm.compile"])
+def test_onnx_training_batch_norm_matches_reference_evaluator(rng, lower):
+    from onnx.reference import ReferenceEvaluator
+
+    shape = (4, 3, 5, 5)
+    model = _onnx_bn_model(rng, shape, momentum=0.8)
+    x = rng.standard_normal(shape).astype("float32")
+    expected = ReferenceEvaluator(model).run(None, {"x": x})
+    got = _run(tr.from_onnx(model), x, lower=lower)
+    for name, g, e in zip(("y", "running_mean", "running_var"), got, expected):
+        assert_close(g, e, "float32", name)
+    # TVM's importer alone reads the ONNX momentum in the opposite convention
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    plain = _run(tvm_from_onnx(model), x, lower=lower)
+    assert not np.allclose(plain[1], expected[1], rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- PyTorch
+
+def test_pytorch_train_mode_batch_norm_and_running_stats(rng):
+    torch = pytest.importorskip("torch")
+    from topi_bn.testing.models import randomize_bn
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(6, momentum=0.3)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    net = randomize_bn(Net()).train()
+    x = torch.from_numpy(rng.standard_normal((4, 3, 6, 6)).astype("float32"))
+    mod = tr.from_exported_program(torch.export.export(net, (x,)))
+    names = list(mod["main"].attrs[tr.frontends.OUTPUT_NAMES_ATTR])
+    assert names[:2] == ["buffer:bn.running_mean", "buffer:bn.running_var"]
+    out = dict(zip(names, _run(mod, x.numpy())))
+    with torch.no_grad():
+        y = net(x).numpy()
+    assert_close(out[names[-1]], y, "float32", "y")
+    assert_close(out["buffer:bn.running_mean"], net.bn.running_mean.numpy(), "float32", "mean")
+    assert_close(out["buffer:bn.running_var"], net.bn.running_var.numpy(), "float32", "var")
+
+
+# ----------------------------------------------------------------------------- TensorFlow style
+
+def test_tensorflow_style_is_training_batch_norm(rng):
+    """TF's ``fused_batch_norm(is_training=True)`` takes no statistics: a Relax module with
+    zeros/ones running statistics runs on the same training kernel."""
+    shape = (2, 5, 5, 4)  # NHWC, channel axis -1 as TF has it
+    x = rng.standard_normal(shape).astype("float32")
+    g, b = rng.standard_normal(4).astype("float32"), rng.standard_normal(4).astype("float32")
+    xv = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            bn = bb.emit(relax.op.nn.batch_norm(
+                xv, relax.const(g), relax.const(b), relax.const(np.zeros(4, "float32")),
+                relax.const(np.ones(4, "float32")), axis=3, epsilon=1e-3, training=True))
+            out = bb.emit_output(bb.emit(relax.TupleGetItem(bn, 0)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    with tvm.target.Target(TARGET):
+        legal = relax.transform.LegalizeOps()(mod)
+    assert any(gv.name_hint == "topi_bn_batch_norm_train" for gv in legal.get_global_vars())
+    (y,) = _run(mod, x)
+    ref = reference.batch_norm_train(x, g, b, np.zeros(4), np.ones(4), axis=3, eps=1e-3)
+    assert_close(y, ref[0], "float32", "y")
+
+
+# ----------------------------------------------------------------------------- whole networks
+
+def _network(name, bn, width, hw):
+    torch = pytest.importorskip("torch")
+    from topi_bn.testing.models import MODELS
+
+    net = MODELS[name](width=width).eval()
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((1, 3, hw, hw))
+                         .astype("float32"))
+    mod = tr.from_exported_program(torch.export.export(net, (x,)), keep_buffer_updates=False)
+    mod = tr.apply_bn_mode(mod, bn, target=TARGET)
+    (out,) = _run(mod, x.numpy())
+    with torch.no_grad():
+        ref = net(x).numpy()
+    # 20-50 layers of float32 arithmetic in a different order than PyTorch's
+    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3, err_msg=f"{name} bn={bn}")
+    return mod
+
+
+def _count_kernels(mod, word):
+    return sum(1 for gv in mod.get_global_vars() if word in gv.name_hint)
+
+
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+def test_mobilenet_v2_small(bn):
+    mod = _network("mobilenet_v2", bn, width=0.25, hw=32)
+    kernel = "conv2d_bn_relu" if bn == "fused" else "conv2d_shift_act"
+    assert _count_kernels(mod, kernel) > 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bn", ["unpacked", "opaque"])
+def test_mobilenet_v2_small_other_modes(bn):
+    _network("mobilenet_v2", bn, width=0.25, hw=32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bn", ["fused", "folded", "unpacked", "opaque"])
+def test_resnet18_small(bn):
+    _network("resnet18", bn, width=0.25, hw=32)

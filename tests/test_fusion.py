@@ -1,0 +1,216 @@
+"""conv2d [+ bias] -> batch_norm -> [act] fusion, and the bn= build modes."""
+import re
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import topi_bn.relax as tr
+from topi_bn import reference
+from topi_bn.testing import assert_close
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+def _ops(mod):
+    """Names of the Relax ops called by ``main``."""
+    names = []
+
+    @relax.expr_functor.visitor
+    class V(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.op, tvm.ir.Op):
+                names.append(call.op.name)
+            super().visit_call_(call)
+
+    V().visit_expr(mod["main"])
+    return names
+
+
+def _kernels(mod):
+    """PrimFunc names without the numeric suffix that tells same-named kernels apart."""
+    return sorted(re.sub(r"\d+$", "", gv.name_hint) for gv, f in mod.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def _compile_run(mod, args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no schedules for the host family yet
+        ex = tr.lower(mod, TARGET)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    if isinstance(out, tvm.runtime.Tensor):
+        return out.numpy()
+    return [o.numpy() for o in out]
+
+
+class Case:
+    """One conv -> [bias] -> BN -> [act] graph with random arguments."""
+
+    def __init__(self, rng, layout="NCHW", groups=1, c=4, k=8, bias=False, act="relu",
+                 extra=None, training=False, hw=6, stride=1):
+        self.layout, self.groups, self.act, self.stride = layout, groups, act, stride
+        nchw = layout == "NCHW"
+        xs = (1, c, hw, hw) if nchw else (1, hw, hw, c)
+        ws = (k, c // groups, 3, 3) if nchw else (3, 3, c // groups, k)
+        bs = (1, k, 1, 1) if nchw else (k,)
+        self.arrays = {"x": rng.standard_normal(xs).astype("float32"),
+                       "w": rng.standard_normal(ws).astype("float32") * 0.3}
+        if bias:
+            self.arrays["bias"] = rng.standard_normal(bs).astype("float32")
+        for n in ("g", "b", "m"):
+            self.arrays[n] = rng.standard_normal(k).astype("float32")
+        self.arrays["v"] = (rng.random(k) + 0.5).astype("float32")
+        v = {n: relax.Var(n, relax.TensorType(a.shape, "float32")) for n, a in self.arrays.items()}
+        bb = relax.BlockBuilder()
+        with bb.function("main", list(v.values())):
+            with bb.dataflow():
+                conv = bb.emit(relax.op.nn.conv2d(
+                    v["x"], v["w"], strides=stride, padding=1, groups=groups, data_layout=layout,
+                    kernel_layout="OIHW" if nchw else "HWIO"))
+                z = bb.emit(relax.op.add(conv, v["bias"])) if bias else conv
+                bn = bb.emit(relax.op.nn.batch_norm(z, v["g"], v["b"], v["m"], v["v"],
+                                                    axis=1 if nchw else 3, training=training))
+                y = t = bb.emit(relax.TupleGetItem(bn, 0))
+                if act == "relu":
+                    y = bb.emit(relax.op.nn.relu(y))
+                elif act == "relu6":
+                    y = bb.emit(relax.op.clip(y, 0, 6))
+                outs = [y]
+                if extra == "conv":
+                    outs.append(bb.emit(relax.op.multiply(conv, conv)))
+                elif extra == "mean":
+                    outs.append(bb.emit(relax.TupleGetItem(bn, 1)))
+                elif extra == "normalized":
+                    outs.append(bb.emit(relax.op.negative(t)))
+                elif extra == "bn_tuple":
+                    outs.append(bb.emit(relax.op.negative(bb.emit(relax.TupleGetItem(bn, 0)))))
+                out = bb.emit_output(relax.Tuple(outs) if len(outs) > 1 else outs[0])
+            bb.emit_func_output(out)
+        self.mod = bb.get()
+
+    @property
+    def args(self):
+        return list(self.arrays.values())
+
+    def reference(self):
+        a = self.arrays
+        bias = a["bias"].reshape(-1) if "bias" in a else None
+        return reference.conv2d_bn_relu(a["x"], a["w"], a["g"], a["b"], a["m"], a["v"], bias,
+                                        strides=self.stride, padding=1, groups=self.groups,
+                                        layout=self.layout, activation=self.act)
+
+
+@pytest.mark.parametrize("layout,groups,c,k,bias,act,stride", [
+    ("NCHW", 1, 4, 8, False, "relu", 1),
+    ("NCHW", 1, 4, 8, True, "relu6", 2),
+    ("NCHW", 2, 4, 6, True, "none", 1),
+    ("NCHW", 8, 8, 8, False, "relu", 1),      # depthwise
+    ("NHWC", 1, 4, 8, True, "relu", 1),
+    ("NHWC", 8, 8, 8, False, "relu6", 2),     # depthwise
+    ("NHWC", 2, 4, 4, False, "none", 1),
+])
+def test_fuses_into_one_kernel(rng, layout, groups, c, k, bias, act, stride):
+    case = Case(rng, layout, groups, c, k, bias, act, stride=stride)
+    fused = tr.FuseConvBatchNorm()(case.mod)
+    assert _kernels(fused) == ["topi_bn_conv2d_bn_relu"]
+    assert not {"relax.nn.conv2d", "relax.nn.batch_norm", "relax.nn.relu", "relax.clip"} \
+        & set(_ops(fused))
+    assert_close(_compile_run(fused, case.args), case.reference(), "float32", "fused", scale=4)
+
+
+@pytest.mark.parametrize("extra", ["conv", "mean", "bn_tuple"])
+def test_leaves_graph_alone_when_intermediates_are_used(rng, extra):
+    case = Case(rng, extra=extra)
+    fused = tr.FuseConvBatchNorm()(case.mod)
+    assert _kernels(fused) == []
+    assert _ops(fused) == _ops(case.mod)
+
+
+def test_leaves_training_batch_norm_alone(rng):
+    case = Case(rng, training=True)
+    assert _kernels(tr.FuseConvBatchNorm()(case.mod)) == []
+
+
+def test_normalized_output_used_twice_keeps_activation_outside(rng):
+    case = Case(rng, extra="normalized")
+    fused = tr.FuseConvBatchNorm()(case.mod)
+    assert _kernels(fused) == ["topi_bn_conv2d_bn_relu"]
+    assert "relax.nn.relu" in _ops(fused)  # the relu stays its own op
+    y, neg = _compile_run(fused, case.args)
+    case.act = "none"
+    normalized = case.reference()
+    assert_close(y, np.maximum(normalized, 0), "float32", "relu", scale=4)
+    assert_close(neg, -normalized, "float32", "second consumer", scale=4)
+
+
+def _two_layer_case(rng):
+    """conv -> BN -> relu -> conv(+bias) -> BN, parameters bound as constants by params."""
+    a = {"x": rng.standard_normal((1, 4, 8, 8)).astype("float32"),
+         "w1": rng.standard_normal((8, 4, 3, 3)).astype("float32") * 0.3,
+         "w2": rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3,
+         "bias2": rng.standard_normal((1, 8, 1, 1)).astype("float32")}
+    for i in (1, 2):
+        for n in ("g", "b", "m"):
+            a[f"{n}{i}"] = rng.standard_normal(8).astype("float32")
+        a[f"v{i}"] = (rng.random(8) + 0.5).astype("float32")
+    v = {n: relax.Var(n, relax.TensorType(x.shape, "float32")) for n, x in a.items()}
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(v.values())):
+        with bb.dataflow():
+            c1 = bb.emit(relax.op.nn.conv2d(v["x"], v["w1"], padding=1))
+            bn1 = bb.emit(relax.op.nn.batch_norm(c1, v["g1"], v["b1"], v["m1"], v["v1"], axis=1,
+                                                 training=False))
+            r1 = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn1, 0))))
+            c2 = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(r1, v["w2"])), v["bias2"]))
+            bn2 = bb.emit(relax.op.nn.batch_norm(c2, v["g2"], v["b2"], v["m2"], v["v2"], axis=1,
+                                                 training=False))
+            out = bb.emit_output(bb.emit(relax.TupleGetItem(bn2, 0)))
+        bb.emit_func_output(out)
+    y1 = reference.conv2d_bn_relu(a["x"], a["w1"], a["g1"], a["b1"], a["m1"], a["v1"],
+                                  padding=1)
+    ref = reference.conv2d_bn_relu(y1, a["w2"], a["g2"], a["b2"], a["m2"], a["v2"],
+                                   a["bias2"].reshape(-1), activation="none")
+    params = {n: x for n, x in a.items() if n != "x"}
+    return bb.get(), a["x"], params, ref
+
+
+@pytest.mark.parametrize("bn,kernels", [
+    ("fused", ["topi_bn_conv2d_bn_relu"]),
+    ("folded", ["topi_bn_conv2d_shift_act"]),
+    ("unpacked", []),
+    ("opaque", ["topi_bn_batch_norm_infer"]),
+])
+def test_bn_modes(rng, bn, kernels):
+    mod, x, params, ref = _two_layer_case(rng)
+    out = tr.apply_bn_mode(mod, bn, params, TARGET)
+    assert sorted(set(_kernels(out))) == kernels
+    if bn == "unpacked":
+        assert "relax.nn.batch_norm" not in _ops(out)
+    if bn == "opaque":
+        assert all(int(f.attrs["op_pattern"]) == tr.registration.OP_PATTERN_OPAQUE
+                   for gv, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+        assert "relax.nn.conv2d" in _ops(out)
+    assert_close(_compile_run(out, [x]), ref, "float32", bn, scale=4)
+
+
+def test_opaque_batch_norm_is_not_fused_with_neighbours(rng):
+    mod, x, params, ref = _two_layer_case(rng)
+    out = tr.apply_bn_mode(mod, "opaque", params)
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])
+    with tr.registration.legalize_options(schedule=False):
+        lowered = seq(out)
+    names = _kernels(lowered)
+    assert names.count("topi_bn_batch_norm_infer") == 1, names
+    assert not [n for n in names if "batch_norm" in n and n != "topi_bn_batch_norm_infer"]
+
+
+def test_unknown_mode_is_rejected(rng):
+    mod, _, params, _ = _two_layer_case(rng)
+    with pytest.raises(ValueError, match="bn"):
+        tr.apply_bn_mode(mod, "fold", params)
+    with pytest.raises(ValueError, match="params"):
+        tr.apply_bn_mode(mod, "fused", {"nope": np.zeros(1)})

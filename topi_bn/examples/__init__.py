@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m topi_bn.examples.<name>``."""

@@ -1,0 +1,27 @@
+"""topi-bn in TVM's graph compiler (Relax).
+
+- :mod:`.registration`: Relax lowers ``batch_norm`` and ``layer_norm`` with the topi-bn computes
+  (installed when this package is imported; :func:`unregister` / :func:`tvm_lowering` undo it).
+- :mod:`.fusion`: conv2d [+ bias] -> batch_norm -> [relu | relu6] into one fused kernel.
+- :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`) and the lowering pipeline
+  (:func:`pipeline`, :func:`lower`).
+- :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning.
+"""
+from . import registration
+from .registration import is_registered, register, tvm_lowering, unregister
+
+register()
+
+from . import frontends, fusion, modes  # noqa: E402
+from .frontends import from_exported_program, from_onnx  # noqa: E402
+from .fusion import (  # noqa: E402
+    FuseConvBatchNorm, FuseConvShiftAct, fuse_conv_batch_norm, fuse_conv_shift_act,
+)
+from .modes import BN_MODES, ApplyDefaultSchedules, apply_bn_mode, lower, pipeline  # noqa: E402
+
+__all__ = [
+    "registration", "fusion", "modes", "frontends", "from_onnx", "from_exported_program", "register", "unregister", "is_registered",
+    "tvm_lowering", "FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm",
+    "fuse_conv_shift_act", "BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline",
+    "lower",
+]

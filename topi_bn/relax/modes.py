@@ -1,0 +1,239 @@
+"""The ``bn=`` build modes and the Relax lowering pipeline of ``topi_bn.build``.
+
+=============  ==========================================================================
+``bn``         what happens to ``batch_norm`` (inference, unless said otherwise)
+=============  ==========================================================================
+``fused``      conv2d [+ bias] -> BN -> [relu | relu6] becomes one ``conv2d_bn_relu`` kernel
+               (:class:`~topi_bn.relax.fusion.FuseConvBatchNorm`); other BNs use the topi-bn
+               batch-norm kernels, fused with neighbours by FuseOps.
+``folded``     BNs with constant parameters are folded into the conv weights
+               (:func:`topi_bn.fold.fold_batch_norm`), then conv2d -> add(shift) -> [act]
+               becomes one ``conv2d_shift_act`` kernel; BNs that cannot be folded are fused
+               as in ``fused``.
+``unpacked``   TVM's own decomposition (``DecomposeOpsForInference``; for a module whose
+               batch-norms are all in training mode, ``DecomposeOpsForTraining``) and TVM's own
+               lowering of everything: the baseline. topi-bn's registration stays out of it.
+``opaque``     each BN is one topi-bn kernel of its own, never unpacked nor fused with its
+               neighbours (back ends with a batch-norm instruction).
+=============  ==========================================================================
+
+Training-mode BNs are never folded nor fused into a conv (their statistics come from the
+batch); outside ``unpacked`` they run on the topi-bn training kernel.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..targets import resolve_target
+from .fusion import FuseConvBatchNorm, FuseConvShiftAct
+from .registration import MODE_ATTR, OPS, legalize_options
+
+__all__ = ["BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
+           "bind_params"]
+
+BN_MODES = ("fused", "folded", "unpacked", "opaque")
+
+
+def _check_bn(bn) -> str:
+    if not isinstance(bn, str) or bn not in BN_MODES:
+        raise ValueError(f"bn: expected one of {BN_MODES}, got {bn!r}")
+    return bn
+
+
+def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
+                func_name: str = "main") -> tvm.IRModule:
+    """Bind ``params`` (parameter name -> array) as constants of ``func_name``."""
+    if not params:
+        return mod
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a dict of parameter name -> array, got "
+                        f"{type(params).__name__}")
+    names = {p.name for p in mod[func_name].params}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"params: {unknown} are not parameters of {func_name!r} "
+                         f"(parameters: {sorted(names)})")
+    values = {k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(v))
+              for k, v in params.items()}
+    return relax.transform.BindParams(func_name, values)(mod)
+
+
+def _batch_norm_modes(mod: tvm.IRModule) -> set[bool]:
+    """The ``training`` flags of the module's batch_norm calls."""
+    found: set[bool] = set()
+
+    @relax.expr_functor.visitor
+    class _V(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.batch_norm":
+                found.add(bool(call.attrs.training))
+            super().visit_call_(call)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _V().visit_expr(func)
+    return found
+
+
+@relax.expr_functor.mutator
+class _LegalizeOnly(relax.PyExprMutator):
+    """Lower the calls of the given ops with the topi-bn registration, nothing else."""
+
+    def __init__(self, mod, ops):
+        super().__init__(mod)
+        self.ops = ops
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in self.ops:
+            return OPS[call.op.name](self.builder_, call)
+        return call
+
+
+def _legalize_only(mod: tvm.IRModule, ops) -> tvm.IRModule:
+    m = _LegalizeOnly(mod, ops)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            m.builder_.update_func(gv, m.visit_expr(func))
+    out = m.builder_.get()
+    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
+
+
+def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None = None,
+                  target: Any = None) -> tvm.IRModule:
+    """Rewrite the batch-norms of ``mod`` for build mode ``bn`` (see the module docstring).
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module (from a frontend or TVMScript); not changed.
+    bn : {"fused", "folded", "unpacked", "opaque"}
+    params : dict, optional
+        Parameter name -> array of ``main``, bound as constants first (``folded`` folds only
+        constant BN parameters).
+    target : optional
+        Unused by the graph rewrites (kept so every mode has one signature); the kernels are
+        scheduled for it later, in :func:`pipeline`.
+
+    Returns
+    -------
+    tvm.IRModule
+        The module for :func:`pipeline` / :func:`lower`, with attribute
+        ``topi_bn.bn_mode = bn``.
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
+    bn = _check_bn(bn)
+    if target is not None:
+        resolve_target(target)  # a bad target is reported here, not deep in the build
+    mod = bind_params(mod, params)
+    # the kernels are scheduled after FuseTIR, in pipeline(): never at rewrite time
+    with legalize_options(schedule=False):
+        if bn == "fused":
+            mod = FuseConvBatchNorm()(mod)
+        elif bn == "folded":
+            from topi_bn.fold import fold_batch_norm
+
+            mod, new_params, _record = fold_batch_norm(mod)
+            mod = bind_params(mod, new_params)
+            mod = FuseConvBatchNorm()(mod)
+            mod = FuseConvShiftAct()(mod)
+        elif bn == "unpacked":
+            modes = _batch_norm_modes(mod)
+            if modes == {True}:
+                mod = relax.transform.DecomposeOpsForTraining()(mod)
+            elif modes == {True, False}:
+                raise ValueError("bn: 'unpacked' decomposes either inference or training "
+                                 "batch-norms, and this module has both; use 'fused' or "
+                                 "'opaque'")
+            else:
+                mod = relax.transform.DecomposeOpsForInference()(mod)
+        else:  # opaque
+            with legalize_options(opaque_batch_norm=True):
+                mod = _legalize_only(mod, {"relax.nn.batch_norm"})
+    return mod.with_attr(MODE_ATTR, bn)
+
+
+@tvm.transform.module_pass(opt_level=0, name="topi_bn.ApplyDefaultSchedules")
+class ApplyDefaultSchedules:
+    """Module pass: :func:`topi_bn.schedules.apply_default_schedules` for ``target`` on every
+    unscheduled PrimFunc holding topi-bn blocks. Without topi-bn schedules for the target's
+    family, it warns and leaves the functions unscheduled."""
+
+    def __init__(self, target):
+        self.target = resolve_target(target)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from topi_bn.schedules import apply_default_schedules
+
+        try:
+            return apply_default_schedules(mod, self.target)
+        except (ImportError, NotImplementedError) as err:
+            warnings.warn(f"topi_bn: no schedules for target {self.target.kind.name} "
+                          f"({err}); its kernels stay unscheduled", stacklevel=2)
+            return mod
+
+
+def _backend_pipeline(target):
+    """The module of TVM's default pipeline passes for ``target`` (``tvm.relax.pipeline``'s
+    own dispatchers reach ``cpu_generic.dataflow_lower_passes``, which 0.27 does not export)."""
+    import importlib
+
+    kind = target.kind.name
+    name = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}.get(kind, "gpu_generic")
+    if name == "gpu_generic" and "gpu" not in target.keys:
+        raise ValueError(f"target: no Relax pipeline for target kind {kind!r}")
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def pipeline(target: Any, database=None) -> tvm.transform.Pass:
+    """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
+
+    - legalization through the topi-bn registration, without scheduling at legalize time,
+      so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
+      a module of mode ``unpacked`` is lowered by TVM alone;
+    - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
+      the default schedules of every remaining topi-bn PrimFunc, then (GPU) dlight for the rest.
+    """
+    target = resolve_target(target)
+    rp = _backend_pipeline(target)
+
+    def passes():
+        legalize = list(rp.legalize_passes(target))
+        names = [p.info.name for p in legalize]
+        at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)
+        ours = []
+        if database is not None:
+            ours.append(relax.transform.MetaScheduleApplyDatabase())
+        ours.append(ApplyDefaultSchedules(target))
+        legalize[at:at] = ours
+        return (list(rp.library_dispatch_passes(target)) + legalize
+                + list(rp.dataflow_lower_passes(target)) + list(rp.finalize_passes(target)))
+
+    @tvm.transform.module_pass(opt_level=0, name="topi_bn.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        unpacked = mod.attrs is not None and str(mod.attrs.get(MODE_ATTR, "")) == "unpacked"
+        with target, legalize_options(schedule=False, active=not unpacked):
+            seq = tvm.transform.Sequential(passes())
+            if database is not None:
+                with database:
+                    return seq(mod)
+            return seq(mod)
+
+    return _pipeline
+
+
+def lower(mod: tvm.IRModule, target: Any, database=None) -> relax.VMExecutable:
+    """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`.
+
+    Returns the executable: ``relax.VirtualMachine(lower(mod, target), dev)``.
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
+    target = resolve_target(target)
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database))
