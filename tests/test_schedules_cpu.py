@@ -1,0 +1,246 @@
+"""CPU schedules (``topi_bn.schedules.cpu`` through the x86 registration): numerics of the
+default schedules against the float64 references, the structure of the scheduled TIR, and the
+tunable template space."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import topi_bn.schedules.x86  # noqa: F401  registers the CPU family
+from topi_bn import compute
+from topi_bn.schedules import apply_default_schedules
+from topi_bn.schedules import common
+from topi_bn.targets import resolve_target, vector_lanes
+from topi_bn.testing import TOLERANCES, as_float64, run_prim_func, to_dtype
+from topi_bn.workloads import Workload
+
+TARGETS = ("x86", "x86-avx2")
+
+
+def _conv(name, data, weight, k, **params):
+    chan = (k,)
+    shapes = {"data": data, "weight": weight, "gamma": chan, "beta": chan, "mean": chan,
+              "var": chan}
+    return Workload(name, "conv2d_bn_relu", shapes, params)
+
+
+def _bn(name, op, data, axis):
+    c = data[axis]
+    keys = ("running_mean", "running_var") if op == "batch_norm_train" else ("mean", "var")
+    shapes = {"data": data, "gamma": (c,), "beta": (c,), keys[0]: (c,), keys[1]: (c,)}
+    return Workload(name, op, shapes, {"axis": axis})
+
+
+CASES = [
+    _conv("conv3x3_nchw", (1, 8, 10, 10), (32, 8, 3, 3), 32, padding=1, activation="relu"),
+    _conv("conv1x1_nchw_s2", (2, 16, 8, 8), (24, 16, 1, 1), 24, strides=2, activation="none"),
+    _conv("conv3x3_nhwc_s2", (1, 11, 11, 8), (3, 3, 8, 32), 32, strides=2, padding=1,
+          layout="NHWC", activation="relu6"),
+    _conv("conv_grouped", (1, 8, 6, 6), (16, 4, 3, 3), 16, padding=1, groups=2),
+    _conv("dw_nchw_s2", (1, 16, 10, 10), (16, 1, 3, 3), 16, strides=2, padding=1, groups=16,
+          activation="relu6"),
+    _conv("dw_nhwc", (1, 9, 9, 32), (3, 3, 1, 32), 32, padding=1, groups=32, layout="NHWC"),
+    _bn("bn_train_nchw", "batch_norm_train", (4, 8, 6, 6), 1),
+    _bn("bn_train_nhwc", "batch_norm_train", (4, 6, 6, 8), -1),
+    _bn("bn_infer_nchw", "batch_norm_infer", (2, 8, 5, 5), 1),
+    _bn("bn_infer_nhwc", "batch_norm_infer", (2, 5, 5, 32), -1),
+    Workload("layer_norm_2d", "layer_norm", {"data": (16, 64), "gamma": (64,), "beta": (64,)},
+             {"axis": -1}),
+    Workload("layer_norm_3d", "layer_norm",
+             {"data": (2, 3, 4, 16), "gamma": (4, 16), "beta": (4, 16)}, {"axis": (-2, -1)}),
+]
+CASE_IDS = [w.name for w in CASES]
+
+
+def _build_and_check(w: Workload, target_name: str, dtype: str):
+    target = resolve_target(target_name)
+    func = w.prim_func(dtype)
+    mod = apply_default_schedules(tvm.IRModule({"main": func}), target)
+    assert mod["main"].attrs["tirx.is_scheduled"]
+    lib = tvm.compile(mod, target=target)
+    inputs = w.random_inputs(dtype, seed=1)
+    refs = w.reference(*[as_float64(a) for a in inputs])
+    outs = run_prim_func(lib, inputs, [(r.shape, _out_dtype(dtype, w, i))
+                                       for i, r in enumerate(refs)])
+    atol, rtol = TOLERANCES[dtype]
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        scale = 4.0 if w.op == "conv2d_bn_relu" else 1.0
+        np.testing.assert_allclose(as_float64(out), ref, atol=atol * scale, rtol=rtol * scale,
+                                   err_msg=f"{w.name} output {i} ({dtype}, {target_name})")
+    return mod
+
+
+def _out_dtype(dtype, w, i):
+    # the per-channel outputs of training BN follow the parameters' dtype (the data's here)
+    return dtype
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+@pytest.mark.parametrize("w", CASES, ids=CASE_IDS)
+def test_default_schedule_float32(w, target_name):
+    _build_and_check(w, target_name, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("w", CASES, ids=CASE_IDS)
+def test_default_schedule_16bit(w, dtype):
+    _build_and_check(w, "x86", dtype)
+
+
+def _loops(mod):
+    """(loop, block names under it) for every loop of the scheduled function."""
+    sch = tvm.s_tir.Schedule(mod)
+    out = []
+    root = sch.get_sblock("root")
+
+    def blocks_under(stmt, acc):
+        if isinstance(stmt, tvm.s_tir.SBlockRealize):
+            acc.append(stmt.block.name_hint)
+            blocks_under(stmt.block.body, acc)
+        elif isinstance(stmt, tvm.tirx.For):
+            blocks_under(stmt.body, acc)
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for s in stmt.seq:
+                blocks_under(s, acc)
+        elif hasattr(stmt, "body"):
+            blocks_under(stmt.body, acc)
+
+    def walk(stmt):
+        if isinstance(stmt, tvm.tirx.For):
+            names = []
+            blocks_under(stmt.body, names)
+            out.append((stmt, names))
+            walk(stmt.body)
+        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
+            walk(stmt.block.body)
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body)
+
+    walk(sch.get(root).body)
+    return out
+
+
+STRUCTURE_CASES = [
+    _conv("conv3x3_nhwc", (1, 8, 8, 16), (3, 3, 16, 64), 64, padding=1, layout="NHWC"),
+    _conv("conv3x3_nchw_w32", (1, 16, 6, 32), (16, 16, 3, 3), 16, padding=1),
+    _bn("bn_train_nchw", "batch_norm_train", (2, 8, 8, 16), 1),
+    _bn("bn_train_nhwc", "batch_norm_train", (2, 4, 4, 64), -1),
+    _bn("bn_infer_nhwc", "batch_norm_infer", (2, 4, 4, 64), -1),
+    Workload("layer_norm", "layer_norm", {"data": (8, 256), "gamma": (256,), "beta": (256,)},
+             {"axis": -1}),
+]
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+@pytest.mark.parametrize("w", STRUCTURE_CASES, ids=[w.name for w in STRUCTURE_CASES])
+def test_structure_parallel_and_vector_width(w, target_name):
+    target = resolve_target(target_name)
+    lanes = vector_lanes(target, "float32")
+    mod = apply_default_schedules(tvm.IRModule({"main": w.prim_func()}), target)
+    loops = _loops(mod)
+    kinds = [int(lp.kind) for lp, _ in loops]
+    assert int(tvm.tirx.ForKind.PARALLEL) in kinds
+    vec = [int(lp.extent) for lp, _ in loops if int(lp.kind) == int(tvm.tirx.ForKind.VECTORIZED)]
+    assert vec and all(e % lanes == 0 for e in vec), (vec, lanes)
+    if w.op == "conv2d_bn_relu":
+        # the epilogue runs on the conv's tile, inside the same parallel loop: no second pass
+        par = [names for lp, names in loops if int(lp.kind) == int(tvm.tirx.ForKind.PARALLEL)
+               and "conv_update" in names]
+        assert len(par) == 1 and "bn_act" in par[0]
+        outermost = next(names for lp, names in loops if "bn_act" in names)
+        assert "conv_update" in outermost, "bn_act has a loop nest of its own"
+
+
+def test_fused_elementwise_consumer_is_inlined():
+    """layer_norm followed by relu in one PrimFunc (as FuseTIR makes it): the relu runs in the
+    normalization's loop, and the result is right."""
+    x = te.placeholder((8, 64), "float32", name="x")
+    g = te.placeholder((64,), "float32", name="g")
+    b = te.placeholder((64,), "float32", name="b")
+    y = compute.layer_norm(x, g, b)
+    r = te.compute(y.shape, lambda i, j: te.max(y[i, j], tvm.tirx.const(0, "float32")),
+                   name="relu")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, g, b, r])})
+    target = resolve_target("x86")
+    mod = apply_default_schedules(mod, target)
+    names = [n for _, ns in _loops(mod) for n in ns]
+    assert "relu" not in names
+    lib = tvm.compile(mod, target=target)
+    w = Workload("ln", "layer_norm", {"data": (8, 64), "gamma": (64,), "beta": (64,)})
+    ins = w.random_inputs()
+    ref = np.maximum(w.reference(*[as_float64(a) for a in ins])[0], 0)
+    out = run_prim_func(lib, ins, [((8, 64), "float32")])[0]
+    np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("w", [CASES[0], CASES[4], CASES[7], CASES[10]],
+                         ids=lambda w: w.name)
+def test_template_space_samples_and_replays(w):
+    """The tunable template records its knobs as sample instructions; pinning a decision and
+    replaying the trace gives the schedule that decision names."""
+    target = resolve_target("x86")
+    mod = tvm.IRModule({"main": w.prim_func()})
+    sch = tvm.s_tir.Schedule(mod, seed=3)
+    assert common.schedule_function(sch, target, tunable=True)
+    samples = [inst for inst in sch.trace.insts
+               if inst.kind.name in ("SampleCategorical", "SamplePerfectTile")]
+    assert samples, "no sampled knobs in the trace"
+    first = samples[0]
+    candidates = [int(c) for c in first.attrs[0]]
+    for choice in (0, len(candidates) - 1):
+        trace = sch.trace.with_decision(first, choice, remove_postproc=True)
+        replay = tvm.s_tir.Schedule(mod)
+        trace.apply_to_schedule(replay, remove_postproc=True)
+        assert replay.trace.get_decision(replay.trace.insts[
+            [i.kind.name for i in sch.trace.insts].index(first.kind.name)]) is not None
+        lib = tvm.compile(replay.mod, target=target)
+        ins = w.random_inputs()
+        refs = w.reference(*[as_float64(a) for a in ins])
+        outs = run_prim_func(lib, ins, [(r.shape, "float32") for r in refs])
+        for out, ref in zip(outs, refs):
+            np.testing.assert_allclose(out, ref, atol=4e-4, rtol=4e-4)
+
+
+def test_defaults_follow_the_target():
+    from topi_bn.schedules import cpu
+
+    p512 = cpu.cpu_params(resolve_target("x86-avx512"))
+    p256 = cpu.cpu_params(resolve_target("x86-avx2"))
+    assert (p512.lanes, p512.vector_registers) == (16, 32)
+    assert (p256.lanes, p256.vector_registers) == (8, 16)
+    c512 = cpu.ConvConfig.default(64, 64, 8, p512)
+    c256 = cpu.ConvConfig.default(64, 64, 8, p256)
+    assert c512.vec_tile % 16 == 0 and c256.vec_tile % 8 == 0
+    assert c512.reg_tile * -(-c512.vec_tile // 16) <= p512.accumulators
+    assert c256.reg_tile * -(-c256.vec_tile // 8) <= p256.accumulators
+
+
+def test_unknown_op_is_rejected():
+    from topi_bn.schedules import cpu
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": CASES[0].prim_func()}))
+    with pytest.raises(ValueError, match="op"):
+        cpu.schedule_op("conv3d", sch, sch.get_sblock("conv"), resolve_target("x86"), False)
+
+
+@pytest.mark.slow
+def test_metaschedule_tunes_the_template(tmp_path):
+    from tvm.s_tir import meta_schedule as ms
+
+    w = CASES[0]
+    target = resolve_target("x86")
+    mod = tvm.IRModule({"main": w.prim_func()})
+    db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
+                     space=common.template_space(target), num_tuning_cores=2, seed=0)
+    sch = ms.tir_integration.compile_tir(db, mod, target)
+    assert sch is not None
+    lib = tvm.compile(sch.mod, target=target)
+    ins = w.random_inputs()
+    refs = w.reference(*[as_float64(a) for a in ins])
+    out = run_prim_func(lib, ins, [(refs[0].shape, "float32")])[0]
+    np.testing.assert_allclose(out, refs[0], atol=4e-4, rtol=4e-4)
