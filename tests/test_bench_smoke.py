@@ -19,7 +19,7 @@ def test_timer_and_stats():
     calls = []
     t = bench.time_callable(lambda: calls.append(1), rounds=3, min_round_ms=1.0, warmup=2)
     assert len(t.data) == 3 and t.number >= 1
-    assert len(calls) == 2 + 3 * t.number
+    assert len(calls) == 2 + 3 * t.number  # two warm-up calls (fast fn), then the rounds
     assert t.min <= t.median <= t.max
     s = t.stats()
     for key in ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "ops",

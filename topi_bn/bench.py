@@ -212,11 +212,14 @@ def time_callable(fn: Callable[[], Any], rounds: int = 7, min_round_ms: float = 
     """
     if rounds < 1:
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
-    once = 0.0
+    once, spent = 0.0, 0.0
     for _ in range(max(warmup, 1)):
         t0 = time.perf_counter()
         fn()
         once = time.perf_counter() - t0
+        spent += once
+        if spent > 1.0:  # a slow kernel: one-time costs are small next to its run time
+            break
     number = 1
     while number * once * 1e3 < min_round_ms and number < 1 << 20:
         number *= 2
