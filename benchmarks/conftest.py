@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# Before anything imports tvm (which imports torch, which loads OpenMP): idle threads wait
+# passively and TVM pins no thread (see topi_bn.bench.set_threads). Values already set win.
+for _k, _v in (("OMP_WAIT_POLICY", "PASSIVE"), ("TVM_THREAD_POOL_SPIN_COUNT", "0"),
+               ("TVM_BIND_THREADS", "0")):
+    os.environ.setdefault(_k, _v)
+
+import pytest  # noqa: E402
 
 
 def pytest_addoption(parser):

@@ -136,7 +136,7 @@ def test_benchmark_suites_in_smoke_mode(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "benchmarks",
-         "--benchmark-disable", "--bench-threads", "1", "-k", "not onnxruntime"],
+         "--benchmark-disable", "--bench-threads", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail

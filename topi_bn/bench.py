@@ -130,23 +130,29 @@ def _host_threads() -> int:
 
 def set_threads(threads: int, spin_wait: bool = False) -> int:
     """Fix the thread count of TVM, PyTorch and (through :func:`_ort_session`) ONNX Runtime,
-    and how their idle threads wait.
+    and how their threads wait and where they run.
 
-    ``TVM_NUM_THREADS`` is read when TVM's thread pool starts; the pool is also reconfigured
-    here in case it already has. With ``spin_wait=False`` the idle threads of all three wait
-    passively (``TVM_THREAD_POOL_SPIN_COUNT=0``, ``OMP_WAIT_POLICY=PASSIVE`` for PyTorch's
-    OpenMP, ORT's ``session.intra_op.allow_spinning=0``): when the cores are shared with other
-    jobs, a spinning thread holds the core its partner needs (a 0.5 ms PyTorch conv took 50 ms
-    on this 2-core machine under load). Values already in the environment are kept; the
-    OpenMP one only counts before torch is first imported.
+    - ``TVM_NUM_THREADS`` is read when TVM's thread pool starts; the pool is also reconfigured
+      here in case it already has.
+    - ``TVM_BIND_THREADS=0``: TVM pins its workers, and the calling thread, to single cores by
+      default; threads PyTorch creates afterwards inherit the calling thread's one-core mask, so
+      PyTorch's "2 threads" would share one core.
+    - With ``spin_wait=False`` idle threads wait passively (``TVM_THREAD_POOL_SPIN_COUNT=0``,
+      ``OMP_WAIT_POLICY=PASSIVE`` for PyTorch's OpenMP, ORT's
+      ``session.intra_op.allow_spinning=0``): when the cores are shared with other jobs a
+      spinning thread holds the core its partner needs (a 0.4 ms PyTorch conv took 40-50 ms on
+      this 2-core machine under load). OpenMP reads its variable when PyTorch loads, and
+      ``import tvm`` loads PyTorch, so the command line re-executes itself with it set
+      (:func:`_reexec_with_env`).
+
+    Values already in the environment are kept.
     """
     if threads < 0:
         raise ValueError(f"threads: expected >= 0 (0 = all cores), got {threads}")
     n = threads or _host_threads()
     os.environ["TVM_NUM_THREADS"] = str(n)
-    if not spin_wait:
-        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for key, value in _thread_env(spin_wait).items():
+        os.environ.setdefault(key, value)
     _ORT_SPIN[0] = spin_wait
     import tvm
 
@@ -156,6 +162,32 @@ def set_threads(threads: int, spin_wait: bool = False) -> int:
 
         torch.set_num_threads(n)
     return n
+
+
+def _thread_env(spin_wait: bool) -> dict[str, str]:
+    env = {"TVM_BIND_THREADS": "0"}
+    if not spin_wait:
+        env.update(TVM_THREAD_POOL_SPIN_COUNT="0", OMP_WAIT_POLICY="PASSIVE")
+    return env
+
+
+def _reexec_with_env(spin_wait: bool) -> None:
+    """Re-execute this command line with :func:`_thread_env` set when OpenMP was loaded before
+    it could be (``import tvm`` imports PyTorch). Only for the ``topi-bn bench`` /
+    ``python -m topi_bn.bench`` processes, never inside another program such as pytest."""
+    env = _thread_env(spin_wait)
+    missing = {k: v for k, v in env.items() if k not in os.environ}
+    main_mod = sys.modules.get("__main__")
+    spec = getattr(main_mod, "__spec__", None)
+    name = getattr(spec, "name", "") or os.path.basename(getattr(main_mod, "__file__", "") or "")
+    ours = name in ("topi_bn.bench", "topi_bn.cli", "topi_bn.__main__") or name == "topi-bn"
+    if not missing or "torch" not in sys.modules or not ours or \
+            os.environ.get("_TOPI_BN_BENCH_REEXEC"):
+        return
+    os.environ.update(missing, _TOPI_BN_BENCH_REEXEC="1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, list(sys.orig_argv))
 
 
 _ORT_SPIN = [False]
@@ -881,6 +913,7 @@ def machine_info(threads: int | None = None, target: Any = "x86") -> dict:
             "tvm_version": tvm.__version__, "threads": threads or _host_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
             "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", ""),
+            "tvm_bind_threads": os.environ.get("TVM_BIND_THREADS", ""),
             "cores_available": _host_threads()}
     with contextlib.suppress(OSError):
         info["loadavg_at_start"] = os.getloadavg()
@@ -1132,6 +1165,7 @@ def _safe_write(path: str, text: str | bytes) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``topi-bn bench`` with parsed ``args``; writes ``results.json``, ``speedups.png``
     and ``results.md`` under ``args.out`` and prints the table. Returns the exit code."""
+    _reexec_with_env(args.spin_wait)
     t_start = time.perf_counter()
     smoke = bool(args.group) and args.group == ["smoke"]
     make = BenchConfig.smoke if smoke else BenchConfig.quick if args.quick else BenchConfig
