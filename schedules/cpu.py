@@ -34,7 +34,6 @@ from tvm.target import Target
 
 from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
-from .common import RULE_PREFIX
 
 __all__ = [
     "CpuParams", "ConvConfig", "BatchNormTrainConfig", "LayerNormConfig", "BatchNormInferConfig",
@@ -91,10 +90,18 @@ def _largest_divisor(n: int, limit: int) -> int:
 
 
 def _vector_tile(extent: int, lanes: int, max_vectors: int) -> int:
-    """Default tile along a vectorized axis: the divisor of ``extent`` (at most ``max_vectors``
-    registers wide) that fills its registers best, the wider on a tie."""
-    cands = _divisors(extent, lanes * max_vectors)
-    return max(cands, key=lambda d: (d / (-(-d // lanes) * lanes), d))
+    """Default tile along a vectorized axis: the largest multiple of ``lanes`` (at most
+    ``max_vectors`` registers) dividing ``extent``, else the largest divisor up to ``lanes``.
+
+    Wider vectors whose length is not a multiple of the register are scalarized by LLVM."""
+    whole = [d for d in _divisors(extent, lanes * max_vectors) if d % lanes == 0]
+    return max(whole) if whole else _largest_divisor(extent, lanes)
+
+
+def _vector_candidates(extent: int, lanes: int, max_vectors: int) -> list[int]:
+    """Tunable choices of a vectorized tile: divisors up to one register, and multiples of
+    the register up to ``max_vectors`` of them."""
+    return [d for d in _divisors(extent, lanes * max_vectors) if d <= lanes or d % lanes == 0]
 
 
 def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates: Sequence[int], default: int):
@@ -208,7 +215,7 @@ class ConvConfig:
     @staticmethod
     def candidates(vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> dict:
         return {
-            "vec_tile": _divisors(vec_ext, 4 * p.lanes),
+            "vec_tile": _vector_candidates(vec_ext, p.lanes, 2),
             "reg_tile": _divisors(reg_ext, p.accumulators),
             "row_tile": _divisors(row_ext, 4),
             "unroll": [0, 16, 64],
@@ -216,10 +223,14 @@ class ConvConfig:
 
     @classmethod
     def default(cls, vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> "ConvConfig":
-        vec = _vector_tile(vec_ext, p.lanes, 2)
-        nvec = -(-vec // p.lanes)
-        reg = _largest_divisor(reg_ext, max(1, p.accumulators // nvec))
-        return cls(vec_tile=vec, reg_tile=reg, row_tile=1)
+        # One register of lanes at most: LLVM scalarizes wider vectors whose length is not a
+        # multiple of the register (W = 56 split by 28), and a divisor keeps the loop exact.
+        vec = _largest_divisor(vec_ext, p.lanes)
+        # half the accumulator budget: a target may prefer half-width registers (znver4 LLVM
+        # emits 256-bit ops), which doubles the registers one tile row takes
+        reg = _largest_divisor(reg_ext, max(1, p.accumulators // 2))
+        row = _largest_divisor(row_ext, 2) if 2 * vec <= p.lanes else 1
+        return cls(vec_tile=vec, reg_tile=reg, row_tile=row)
 
 
 def _order_names(nchw: bool, depthwise: bool) -> list[str]:
@@ -312,15 +323,15 @@ class BatchNormTrainConfig:
     @classmethod
     def default(cls, inner: int, rows: int, channel_major: bool, p: CpuParams):
         if channel_major:
-            acc = _largest_divisor(inner, 4 * p.lanes)
-            return cls(acc_lanes=acc, norm_tile=_largest_divisor(inner, 4 * p.lanes))
+            acc = _vector_tile(inner, p.lanes, 4)
+            return cls(acc_lanes=acc, norm_tile=_vector_tile(inner, p.lanes, 4))
         chunks = _largest_divisor(rows, 4 * p.cores)
         return cls(acc_lanes=1, norm_tile=_vector_tile(inner, p.lanes, 4), chunks=chunks)
 
 
 def _rfactor_lanes(sch: tvm.s_tir.Schedule, block, n_outer: int, lanes):
     """Vectorizable partial sums of a reduction block whose first ``n_outer`` loops are
-    spatial: its reduction loops after the first ``keep`` are fused, split by ``lanes`` and
+    spatial: its reduction loops after the first ``n_outer`` loops are fused, split by ``lanes`` and
     the lane loop is ``rfactor``-ed into a block of ``lanes`` partial sums (then a combine).
 
     Returns ``(rf_block, lane_loop_name)``.
@@ -373,8 +384,8 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
 
     if channel_major:
         cfg = BatchNormTrainConfig.default(inner, rows, True, p)
-        acc = _knob(sch, tunable, _divisors(inner, 8 * p.lanes), cfg.acc_lanes)
-        nt = _knob(sch, tunable, _divisors(inner, 8 * p.lanes), cfg.norm_tile)
+        acc = _knob(sch, tunable, _vector_candidates(inner, p.lanes, 8), cfg.acc_lanes)
+        nt = _knob(sch, tunable, _vector_candidates(inner, p.lanes, 8), cfg.norm_tile)
         # partial sums over the contiguous axes after the channel, vectorized
         n_keep = 1 + axis                     # channel loop + the reductions before it
         rf_sum, lane_sum = _rfactor_lanes(sch, blocks["bn_sum"], n_keep, acc)
@@ -399,7 +410,7 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     # channels last: partial sums over row chunks, vectorized over channels
     cfg = BatchNormTrainConfig.default(shape[axis], rows, False, p)
     chunks = _knob(sch, tunable, _divisors(rows, 8 * p.cores), cfg.chunks)
-    nt = _knob(sch, tunable, _divisors(shape[axis], 4 * p.lanes), cfg.norm_tile)
+    nt = _knob(sch, tunable, _vector_candidates(shape[axis], p.lanes, 4), cfg.norm_tile)
     for name in ("bn_sum", "bn_sqdev"):
         blk = blocks[name]
         c_loop, *red = sch.get_loops(blk)
@@ -437,8 +448,8 @@ class LayerNormConfig:
 
     @classmethod
     def default(cls, cols: int, p: CpuParams) -> "LayerNormConfig":
-        return cls(acc_lanes=_largest_divisor(cols, 4 * p.lanes),
-                   norm_tile=_largest_divisor(cols, 4 * p.lanes))
+        return cls(acc_lanes=_vector_tile(cols, p.lanes, 4),
+                   norm_tile=_vector_tile(cols, p.lanes, 4))
 
 
 def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
@@ -454,8 +465,8 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     for lp in lps[n_rows:]:
         cols *= _extent(sch, lp)
     cfg = LayerNormConfig.default(cols, p)
-    acc = _knob(sch, tunable, _divisors(cols, 8 * p.lanes), cfg.acc_lanes)
-    nt = _knob(sch, tunable, _divisors(cols, 8 * p.lanes), cfg.norm_tile)
+    acc = _knob(sch, tunable, _vector_candidates(cols, p.lanes, 8), cfg.acc_lanes)
+    nt = _knob(sch, tunable, _vector_candidates(cols, p.lanes, 8), cfg.norm_tile)
     rf_sum, lane_sum = _rfactor_lanes(sch, total, 1, acc)
     rf_sq, lane_sq = _rfactor_lanes(sch, blocks["ln_sqdev"], n_rows, acc)
     row = sch.get_loops(rf_sum)[0]
@@ -504,7 +515,7 @@ def _schedule_bn_infer(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     i = sch.fuse(*inner) if len(inner) > 1 else inner[0]
     ext = _extent(sch, i)
     cfg = BatchNormInferConfig.default(ext, p)
-    vt = _knob(sch, tunable, _divisors(ext, 8 * p.lanes), cfg.vec_tile)
+    vt = _knob(sch, tunable, _vector_candidates(ext, p.lanes, 8), cfg.vec_tile)
     i0, i1 = sch.split(i, [None, vt])
     sch.parallel(o)
     sch.vectorize(i1)

@@ -13,7 +13,7 @@ from topi_bn import compute
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules import common
 from topi_bn.targets import resolve_target, vector_lanes
-from topi_bn.testing import TOLERANCES, as_float64, run_prim_func, to_dtype
+from topi_bn.testing import TOLERANCES, as_float64, run_prim_func
 from topi_bn.workloads import Workload
 
 TARGETS = ("x86", "x86-avx2")
@@ -235,8 +235,12 @@ def test_metaschedule_tunes_the_template(tmp_path):
     w = CASES[0]
     target = resolve_target("x86")
     mod = tvm.IRModule({"main": w.prim_func()})
+    # generous timeouts: the builder's worker imports TVM, slow on a loaded 2-core machine
     db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
-                     space=common.template_space(target), num_tuning_cores=2, seed=0)
+                     space=common.template_space(target), num_tuning_cores=2, seed=0,
+                     builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=300),
+                     runner=ms.runner.LocalRunner(timeout_sec=120))
+    assert len(db.get_all_tuning_records()) > 0
     sch = ms.tir_integration.compile_tir(db, mod, target)
     assert sch is not None
     lib = tvm.compile(sch.mod, target=target)

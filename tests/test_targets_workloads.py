@@ -71,3 +71,11 @@ def test_smoke_workloads_match_their_reference(name):
     got = run_te(args, w.compute(*args), arrays)
     for g, e in zip(got, w.reference(*arrays)):
         assert_close(g, e, "float32")
+
+
+def test_cpu_targets_always_say_their_core_count():
+    """MetaSchedule refuses a CPU target without num-cores; TVM's ARM tags have none."""
+    assert int(targets.resolve_target("arm/rasp4b64").attrs["num-cores"]) == 4
+    assert targets.resolve_target("arm/rasp4b64").attrs["mcpu"] == "cortex-a72"
+    assert int(targets.resolve_target({"kind": "llvm"}).attrs["num-cores"]) == targets._host_cores()
+    assert int(targets.resolve_target({"kind": "llvm", "num-cores": 7}).attrs["num-cores"]) == 7

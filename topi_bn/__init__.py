@@ -5,6 +5,8 @@
 - named workloads: :mod:`topi_bn.workloads`
 - targets: :mod:`topi_bn.targets`
 - batch-norm folding with a fold record: :mod:`topi_bn.fold`
+- Relax registration (on import), conv+BN+activation fusion, bn modes, frontends:
+  :mod:`topi_bn.relax`
 """
 import os as _os
 
@@ -15,15 +17,25 @@ if not _os.path.isdir(_os.path.join(__path__[0], "schedules")) and _os.path.isfi
         _os.path.join(_root, "schedules", "common.py")):
     __path__.append(_root)
 
-from . import reference, workloads  # noqa: E402
-from .compute import (  # noqa: E402
-    batch_norm_infer, batch_norm_train, conv2d_bn_relu, conv2d_shift_act, layer_norm,
-)
-from .fold import (  # noqa: E402
-    SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
-    fold_batch_norm,
-)
-from .targets import resolve_target  # noqa: E402
+import tvm.base as _tvm_base  # noqa: E402
+
+# On a board or under qemu only TVM's runtime is installed (no compiler): then only the runtime
+# parts (``topi_bn.arm_rpc_server``, ``topi_bn._qemu_runner``) are importable.
+if not _tvm_base._RUNTIME_ONLY:
+    from . import reference, workloads
+    from .compute import (
+        batch_norm_infer, batch_norm_train, conv2d_bn_relu, conv2d_shift_act, layer_norm,
+    )
+    from .fold import (
+        SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
+        fold_batch_norm,
+    )
+    from .targets import resolve_target
+    from . import schedules  # noqa: F401  (registers the per-target MetaSchedule rules)
+    from .relax import (  # importing topi_bn.relax registers the Relax lowering
+        BN_MODES, FuseConvBatchNorm, FuseConvShiftAct, apply_bn_mode, from_exported_program,
+        from_onnx, is_registered, lower, pipeline, register, tvm_lowering, unregister,
+    )
 
 __version__ = "0.1.0"
 
@@ -32,4 +44,7 @@ __all__ = [
     "reference", "workloads", "resolve_target",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",
+    "register", "unregister", "is_registered", "tvm_lowering", "FuseConvBatchNorm",
+    "FuseConvShiftAct", "apply_bn_mode", "lower", "pipeline", "BN_MODES", "from_onnx",
+    "from_exported_program",
 ]

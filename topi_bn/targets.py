@@ -107,7 +107,7 @@ def resolve_target(target: Any, arg_name: str = "target") -> Target:
         return target
     if isinstance(target, Mapping):
         try:
-            return Target(dict(target))
+            return _with_num_cores(Target(dict(target)))
         except Exception as err:  # TVM raises its own error types
             raise ValueError(f"{arg_name}: invalid target dict {dict(target)!r}: {err}") from None
     if isinstance(target, str):
@@ -120,7 +120,7 @@ def resolve_target(target: Any, arg_name: str = "target") -> Target:
                 f"{arg_name}: {target!r} is an option string, which TVM 0.27 no longer accepts; "
                 f"pass a dict such as {{'kind': 'llvm', 'mcpu': 'haswell'}} or one of {TARGET_NAMES}")
         try:
-            return Target(target)
+            return _with_num_cores(Target(target))
         except Exception:
             raise ValueError(
                 f"{arg_name}: unknown target {target!r}; expected one of {TARGET_NAMES}, a TVM tag "
@@ -128,6 +128,18 @@ def resolve_target(target: Any, arg_name: str = "target") -> Target:
     raise TypeError(
         f"{arg_name}: expected a tvm.target.Target, a dict, a TVM tag or one of {TARGET_NAMES}, "
         f"got {type(target).__name__}")
+
+
+def _with_num_cores(t: Target) -> Target:
+    """A CPU target that says how many cores it has (MetaSchedule refuses one that does not):
+    this machine's count for x86, 4 for ARM tags such as ``arm/rasp4b64`` (pass a dict with
+    ``num-cores`` to say otherwise)."""
+    if t.kind.name != "llvm" or t.attrs.get("num-cores", 0):
+        return t
+    config = dict(t.export())
+    config.pop("keys", None)
+    config["num-cores"] = 4 if target_family(t) == "arm" else _host_cores()
+    return Target(config)
 
 
 def target_family(target: Any) -> str:
