@@ -1,0 +1,223 @@
+"""topi_bn.build: tuning records applied, defaults elsewhere, bad logs warn and stay unchanged."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from tuning_helpers import (
+    TRIALS, WORKLOAD, assert_close, copy_log, dir_digest, run_prim_func, tuned_log_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def log_dir():
+    return tuned_log_dir()
+
+
+@pytest.fixture(scope="module")
+def workload():
+    from topi_bn import workloads
+
+    return workloads.get(WORKLOAD)
+
+
+@pytest.fixture(scope="module")
+def func(workload):
+    from topi_bn.tuning import workload_prim_func
+
+    return workload_prim_func(workload)
+
+
+def _best_record_schedule(log, func):
+    """The record's trace replayed by hand on a fresh schedule of ``func``."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn.tuning import build_visible_mod
+
+    db = ms.database.JSONDatabase(work_dir=log, allow_missing=False)
+    mod = build_visible_mod(func)
+    best = min((r for r in db.get_all_tuning_records() if float(r.run_secs[0]) < 1e9),
+               key=lambda r: float(r.run_secs[0]))
+    sch = tvm.s_tir.Schedule(mod)
+    best.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def test_build_applies_the_best_record(log_dir, func, workload):
+    import tvm_ffi
+
+    from topi_bn.build import build, schedule_prim_func
+
+    before = dir_digest(log_dir)
+    mod, applied = schedule_prim_func(func, "x86", tuning_logs=log_dir)
+    assert applied
+    expected = _best_record_schedule(log_dir, func)
+    assert tvm_ffi.structural_equal(mod["main"].without_attr("tirx.is_scheduled"),
+                                    expected["main"])
+    default, applied_default = schedule_prim_func(func, "x86", tuning_logs=None)
+    assert not applied_default
+    assert not tvm_ffi.structural_equal(mod["main"], default["main"])
+
+    lib = build(func, "x86", tuning_logs=log_dir)
+    assert_close(*run_prim_func(lib, workload))
+    assert dir_digest(log_dir) == before  # a build never writes a log
+
+
+def test_relax_build_applies_records_and_logs_missing(log_dir, workload, caplog):
+    import tvm
+    from tvm import relax
+
+    from topi_bn.build import build
+    from topi_bn.tuning import _relax_module
+
+    mod = _relax_module(workload, "float32")
+    ins = workload.random_inputs()
+    refs = workload.reference(*ins)
+    for logs, missing in ((log_dir, False), (None, True)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="topi_bn"):
+            ex = build(mod, "x86", tuning_logs=logs)
+        said = any("no tuning record for topi-bn kernel" in r.getMessage()
+                   for r in caplog.records)
+        assert said == missing, (logs, caplog.text)
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in ins])
+        assert_close([out.numpy()], refs)
+
+
+def test_shipped_resolves_to_the_package_dir():
+    import topi_bn.tuning_logs as pkg
+    from topi_bn.build import resolve_tuning_logs, shipped_log_dir
+    from topi_bn.targets import resolve_target
+
+    t = resolve_target("x86-avx512")
+    path = shipped_log_dir(t)
+    assert path == os.path.join(os.path.dirname(pkg.__file__), "x86-avx512")
+    assert resolve_tuning_logs("shipped", t) == ([path] if os.path.isdir(path) else [])
+    assert shipped_log_dir(resolve_target("x86-avx2")).endswith("x86-avx2")
+    # user paths first, whatever the order given: user records win over shipped ones
+    got = resolve_tuning_logs(["shipped", "/some/user/log"], t)
+    assert got[0] == "/some/user/log"
+    assert resolve_tuning_logs(None, t) == []
+    with pytest.raises(TypeError, match="tuning_logs"):
+        resolve_tuning_logs(3, t)
+
+
+def test_records_for_other_targets_are_not_applied(log_dir, func):
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning_db import load_logs
+
+    loaded = load_logs([log_dir], resolve_target("x86-avx2"))
+    assert loaded.num_records == 0
+    assert loaded.skipped[log_dir]["other_target"] == TRIALS
+    assert not schedule_prim_func(func, "x86-avx2", tuning_logs=log_dir)[1]
+    # same log key, other CPU: applies
+    assert schedule_prim_func(func, "x86-avx512", tuning_logs=log_dir)[1]
+
+
+def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
+    """For a workload present in several logs, the records come from the first log only."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import build_visible_mod
+    from topi_bn.tuning_db import load_logs, merge_records
+
+    records = ms.database.JSONDatabase(work_dir=log_dir).get_all_tuning_records()
+    slowest = max((r for r in records if float(r.run_secs[0]) < 1e9),
+                  key=lambda r: float(r.run_secs[0]))
+    user = str(tmp_path / "user")
+    merge_records(user, build_visible_mod(func), [slowest])
+    t = resolve_target("x86")
+    first = load_logs([user, log_dir], t)
+    assert first.num_records == 1 and first.skipped[log_dir]["shadowed"] >= 1
+    (rec,) = first.database.get_all_tuning_records()
+    assert float(rec.run_secs[0]) == pytest.approx(float(slowest.run_secs[0]))
+    assert load_logs([log_dir, user], t).num_records >= 1
+
+
+def _truncate(path):
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) * 2 // 3])
+
+
+def _corrupt(path):
+    with open(path, "wb") as f:
+        f.write(b"\x00\xffnot json at all\n{]\n")
+
+
+def _empty(path):
+    open(path, "wb").close()
+
+
+def _missing(path):
+    os.remove(path)
+
+
+@pytest.mark.parametrize("damage", [_missing, _empty, _truncate, _corrupt])
+@pytest.mark.parametrize("which", ["database_workload.json", "database_tuning_record.json"])
+def test_bad_logs_warn_and_build_with_defaults(tmp_path, workload, func, damage, which):
+    from topi_bn.build import build
+    from topi_bn.tuning_db import TuningLogWarning
+
+    log = copy_log(str(tmp_path / "log"))
+    path = os.path.join(log, which)
+    damage(path)
+    before = dir_digest(log)
+    with pytest.warns(TuningLogWarning, match=which):
+        lib = build(func, "x86", tuning_logs=log)
+    assert_close(*run_prim_func(lib, workload))
+    assert dir_digest(log) == before  # not rewritten, not created
+
+
+def test_missing_log_dir_warns(tmp_path, workload, func):
+    from topi_bn.build import build
+    from topi_bn.tuning_db import TuningLogWarning
+
+    log = str(tmp_path / "nowhere")
+    with pytest.warns(TuningLogWarning, match="nowhere"):
+        lib = build(func, "x86", tuning_logs=[log])
+    assert_close(*run_prim_func(lib, workload))
+    assert not os.path.exists(log)
+
+
+def test_build_argument_errors(func):
+    from topi_bn.build import build
+
+    with pytest.raises(TypeError, match="mod_or_primfunc"):
+        build("not a module", "x86")
+    with pytest.raises(ValueError, match="bn: expected one of"):
+        build(func, "x86", bn="melted")
+    with pytest.raises(ValueError, match="params"):
+        build(func, "x86", params={"x": np.zeros(1)})
+    with pytest.raises(ValueError, match="target"):
+        build(func, "pdp11")
+
+
+def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
+    """A graph with ``relax.op.nn.layer_norm``, lowered by the topi-bn registration, reaches the
+    record tuned for the registry workload of the same shape."""
+    import tvm
+    from tvm import relax
+
+    from topi_bn.build import build
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in workload.shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit(relax.op.nn.layer_norm(params[0], params[1], params[2], axes=[-1]))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    with caplog.at_level(logging.INFO, logger="topi_bn"):
+        ex = build(bb.get(), "x86", tuning_logs=log_dir)
+    assert "no tuning record" not in caplog.text
+    ins = workload.random_inputs()
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in ins])
+    assert_close([out.numpy()], workload.reference(*ins))

@@ -1,0 +1,248 @@
+"""topi-bn tune: the database it writes, resume, concurrent writers, argument errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tuning_helpers import TRIALS, WORKLOAD, copy_log, dir_digest, tuned_log_dir
+
+
+@pytest.fixture(scope="module")
+def log_dir():
+    return tuned_log_dir()
+
+
+def _records(path):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(work_dir=path, allow_missing=False).get_all_tuning_records()
+
+
+# -- the PrimFunc that is tuned --------------------------------------------------------------------
+def test_workload_prim_func_is_what_relax_emits():
+    import tvm
+    import tvm_ffi
+    from tvm import te
+
+    from topi_bn import workloads
+    from topi_bn.tuning import workload_prim_func
+
+    w = workloads.get(WORKLOAD)
+    func = workload_prim_func(w)
+    # int64 shapes and the op_pattern attribute the build's FuseOps/FuseTIR add
+    assert 'T.Buffer((T.int64(16), T.int64(64)), "float32")' in func.script()
+    assert int(func.attrs["op_pattern"]) >= 0
+    assert tvm_ffi.structural_equal(func, workload_prim_func(w.name))
+    # te.create_prim_func of the same compute would never match a record
+    args = w.te_args()
+    assert not tvm_ffi.structural_equal(func, te.create_prim_func(args + w.compute(*args)))
+    assert isinstance(func, tvm.tirx.PrimFunc)
+
+
+def test_select_workloads():
+    from topi_bn import workloads
+    from topi_bn.tuning import select_workloads
+
+    assert [w.name for w in select_workloads("smoke")] == \
+        [w.name for w in workloads.list_workloads("smoke")]
+    assert len(select_workloads("all")) == len(workloads.list_workloads("all"))
+    two = select_workloads(f"{WORKLOAD}, smoke.bn_train_4x8x6x6")
+    assert [w.name for w in two] == [WORKLOAD, "smoke.bn_train_4x8x6x6"]
+    with pytest.raises(ValueError, match="workloads: unknown workload or group 'nope'"):
+        select_workloads("smoke.layer_norm_16x64,nope")
+    with pytest.raises(ValueError, match="workloads: empty"):
+        select_workloads(" , ")
+    with pytest.raises(TypeError, match="workloads"):
+        select_workloads(3)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"trials": 0}, ValueError, "trials: expected a positive int, got 0"),
+    ({"trials": 2.5}, TypeError, "trials"),
+    ({"space": "ansor"}, ValueError, "space: expected one of"),
+    ({"target": "nope"}, ValueError, "target: unknown target"),
+    ({"workloads": "nope"}, ValueError, "workloads: unknown"),
+    ({"rpc_tracker": "127.0.0.1:9190"}, ValueError, "rpc_tracker and rpc_key"),
+    # wired to topi_bn.rpc (ARM branch): its tracker parser rejects a bad address
+    ({"rpc_tracker": "no-port", "rpc_key": "rasp4"}, ValueError, "rpc_tracker must be HOST:PORT"),
+])
+def test_tune_argument_errors(tmp_path, kwargs, exc, match):
+    from topi_bn.tuning import tune
+
+    args = {"target": "x86", "workloads": WORKLOAD, "trials": 1, "log_dir": str(tmp_path / "l")}
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        tune(**args, progress=None)
+    assert not (tmp_path / "l" / "database_tuning_record.json").exists()
+
+
+# -- what tuning writes -----------------------------------------------------------------------------
+def test_tuning_writes_json_database(log_dir):
+    import tvm_ffi
+
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+
+    assert os.path.isfile(os.path.join(log_dir, "database_workload.json"))
+    records = _records(log_dir)
+    assert len(records) == TRIALS
+    # records are keyed by the PrimFunc as the build sees it
+    want = build_visible_mod(workload_prim_func(WORKLOAD))
+    assert all(tvm_ffi.structural_equal(r.workload.mod, want) for r in records)
+    assert any(float(r.run_secs[0]) < 1e9 for r in records), "no candidate ran"
+    manifest = json.load(open(os.path.join(log_dir, "topi_bn_tuning.json")))
+    (entry,) = manifest.values()
+    assert entry["workload"] == WORKLOAD and entry["trials"] == TRIALS
+    assert entry["space"] == "template"
+
+
+def test_resume_skips_completed_workloads(tmp_path):
+    from topi_bn.tuning import tune
+
+    log = copy_log(str(tmp_path / "log"))
+    before = dir_digest(log)
+    results = tune("x86", WORKLOAD, trials=TRIALS, log_dir=log, space="template", progress=None)
+    assert [(r.workload, r.status, r.trials) for r in results] == [(WORKLOAD, "skipped", 0)]
+    after = dir_digest(log)
+    after.pop(".topi_bn.lock", None)
+    before.pop(".topi_bn.lock", None)
+    assert after == before
+
+
+def test_resume_counts_per_space(tmp_path):
+    """The manifest key includes the space: template trials do not complete the auto space."""
+    from topi_bn import tuning
+    from topi_bn.tuning_db import read_manifest
+
+    log = copy_log(str(tmp_path / "log"))
+    (key,) = read_manifest(log)
+    assert "|template|" in key
+    func = tuning.workload_prim_func(WORKLOAD)
+    auto_key = tuning._manifest_key(tuning._workloads.get(WORKLOAD), "float32", "auto",
+                                    tuning.resolve_target("x86"), tuning.build_visible_mod(func))
+    assert auto_key != key and auto_key.replace("|auto|", "|template|") == key
+
+
+# -- concurrent writers -----------------------------------------------------------------------------
+_MERGER = textwrap.dedent("""
+    import sys
+    from tvm.s_tir import meta_schedule as ms
+    from topi_bn.tuning_db import merge_records
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    src, dst, tag, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    recs = ms.database.JSONDatabase(work_dir=src, allow_missing=False).get_all_tuning_records()
+    mod = build_visible_mod(workload_prim_func("%s"))
+    for i in range(rounds):
+        merge_records(dst, mod, recs, f"{tag}-{i}", {"trials": len(recs)})
+""" % WORKLOAD)
+
+
+def test_two_writers_lose_no_records(tmp_path, log_dir):
+    """Two processes merging into one directory at the same time: every record and manifest
+    entry arrives (the merge step is what two ``topi-bn tune`` runs share)."""
+    script = tmp_path / "merger.py"
+    script.write_text(_MERGER)
+    dst = str(tmp_path / "shared")
+    rounds = 6
+    procs = [subprocess.Popen([sys.executable, str(script), log_dir, dst, tag, str(rounds)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for tag in ("a", "b")]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-2000:]
+    assert len(_records(dst)) == 2 * rounds * TRIALS
+    manifest = json.load(open(os.path.join(dst, "topi_bn_tuning.json")))
+    assert set(manifest) == {f"{t}-{i}" for t in "ab" for i in range(rounds)}
+    assert not [n for n in os.listdir(dst) if n.startswith(".merge-")]
+
+
+def test_merge_refuses_corrupt_log_and_keeps_it(tmp_path, log_dir):
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import merge_records
+
+    log = copy_log(str(tmp_path / "log"))
+    path = os.path.join(log, "database_tuning_record.json")
+    with open(path, "ab") as f:
+        f.write(b'[0, [["broken')
+    before = dir_digest(log)
+    with pytest.raises(ValueError, match="cannot be parsed"):
+        merge_records(log, build_visible_mod(workload_prim_func(WORKLOAD)), _records(log_dir))
+    after = dir_digest(log)
+    after.pop(".topi_bn.lock", None)
+    before.pop(".topi_bn.lock", None)
+    assert after == before
+
+
+# -- CLI ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--workloads", "nope"], "--workloads: unknown workload or group 'nope'"),
+    (["--target", "sparc"], "--target: unknown target 'sparc'"),
+    (["--space", "ansor"], "invalid choice: 'ansor'"),
+    (["--trials", "0"], "--trials: expected a positive integer, got 0"),
+    (["--trials", "many"], "--trials: expected a positive integer, got 'many'"),
+    (["--rpc-key", "rasp4"], "--rpc-tracker and --rpc-key go together"),
+])
+def test_cli_argument_errors(capsys, argv, message):
+    from topi_bn.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_entry_point_exit_code(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "topi_bn.cli", "tune", "--workloads", "nope",
+                           "--log-dir", str(tmp_path / "l")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "unknown workload or group 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "l").exists()
+
+
+def test_cli_resume_run(tmp_path, capsys):
+    """``topi-bn tune`` on a complete log: skips, says so on stdout, exit code 0."""
+    from topi_bn.cli import main
+
+    log = copy_log(str(tmp_path / "log"))
+    assert main(["tune", "--workloads", WORKLOAD, "--trials", str(TRIALS), "--log-dir", log]) == 0
+    out = capsys.readouterr()
+    assert "tuned 0, skipped 1" in out.out
+    assert "[skip]" in out.err
+
+
+# -- slow: real tuners ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_auto_space_records_apply_to_annotated_func(tmp_path):
+    """The ``auto`` space tunes the function without our annotations; its records are stored
+    under the annotated function the build sees, and their traces replay on it."""
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.tuning import tune, workload_prim_func
+
+    log = str(tmp_path / "auto")
+    tune("x86", WORKLOAD, trials=2, log_dir=log, space="auto", progress=None)
+    _, applied = schedule_prim_func(workload_prim_func(WORKLOAD), "x86", tuning_logs=log)
+    assert applied
+
+
+@pytest.mark.slow
+def test_two_concurrent_tuners(tmp_path):
+    log = str(tmp_path / "shared")
+    code = ("import sys; from topi_bn.tuning import tune; "
+            "tune('x86', sys.argv[1], trials=2, log_dir=sys.argv[2], space='template', "
+            "progress=None)")
+    names = [WORKLOAD, "smoke.bn_train_4x8x6x6"]
+    procs = [subprocess.Popen([sys.executable, "-c", code, n, log], stderr=subprocess.PIPE)
+             for n in names]
+    for p in procs:
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err.decode()[-2000:]
+    manifest = json.load(open(os.path.join(log, "topi_bn_tuning.json")))
+    assert sorted(e["workload"] for e in manifest.values()) == sorted(names)
+    assert len(_records(log)) == sum(e["trials"] for e in manifest.values())

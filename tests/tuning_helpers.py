@@ -1,0 +1,61 @@
+"""Shared by test_tune.py and test_build.py: one tiny real tuning run per test session."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+# the smallest registry workload with a multi-block template (5 blocks, several knobs)
+WORKLOAD = "smoke.layer_norm_16x64"
+TRIALS = 2
+_CACHE: dict[str, str] = {}
+
+
+def tuned_log_dir() -> str:
+    """A log directory holding a real ``template``-space tuning of :data:`WORKLOAD` (made once
+    per session; copy it before changing it)."""
+    if "dir" not in _CACHE:
+        from topi_bn.tuning import tune
+
+        root = tempfile.mkdtemp(prefix="topi_bn_test_tuned_")
+        log = os.path.join(root, "log")
+        results = tune("x86", WORKLOAD, trials=TRIALS, log_dir=log, space="template",
+                       progress=None)
+        assert [r.status for r in results] == ["tuned"]
+        _CACHE["dir"] = log
+    return _CACHE["dir"]
+
+
+def copy_log(dst: str) -> str:
+    shutil.copytree(tuned_log_dir(), dst)
+    return dst
+
+
+def dir_digest(path: str) -> dict[str, str]:
+    """File name -> sha256 of every file under ``path``."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, path)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def run_prim_func(lib, workload, dtype="float32"):
+    """Run ``lib["main"]`` on the workload's random inputs; (outputs, float64 references)."""
+    import tvm
+
+    ins = workload.random_inputs(dtype)
+    refs = workload.reference(*ins)
+    outs = [tvm.runtime.tensor(np.zeros(r.shape, dtype)) for r in refs]
+    lib["main"](*[tvm.runtime.tensor(a) for a in ins], *outs)
+    return [o.numpy() for o in outs], refs
+
+
+def assert_close(outs, refs, atol=1e-4, rtol=1e-4):
+    for o, r in zip(outs, refs):
+        np.testing.assert_allclose(o.astype(np.float64), r, atol=atol, rtol=rtol)

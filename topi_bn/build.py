@@ -1,0 +1,261 @@
+"""``topi_bn.build``: the production build — tuning records where they exist, defaults elsewhere.
+
+Order of work::
+
+    Relax module:  bn mode + params (topi_bn.relax.modes.apply_bn_mode)
+                   -> legalize, FuseOps, FuseTIR
+                   -> MetaScheduleApplyDatabase (records of the logs that match the target)
+                   -> default schedules for the remaining topi-bn PrimFuncs
+                   -> TVM's lowering -> tvm.compile executable (relax.VirtualMachine)
+    PrimFunc:      query the records -> else default schedules -> tvm.compile (lib["main"])
+
+Tuning logs (``tuning_logs=``) are read only (:func:`topi_bn.tuning_db.load_logs`); which
+topi-bn PrimFuncs found no record is logged at INFO on the ``topi_bn`` logger.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from importlib import resources
+from typing import Any, Mapping, Sequence
+
+import tvm
+
+from .targets import resolve_target, tuning_log_key
+from .tuning_db import TuningLogWarning, load_logs
+
+__all__ = ["build", "schedule_prim_func", "resolve_tuning_logs", "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
+
+BN_MODES = ("fused", "folded", "unpacked", "opaque")
+
+logger = logging.getLogger("topi_bn")
+
+
+def shipped_log_dir(target) -> str:
+    """The package's ``tuning_logs/<tuning_log_key(target)>/`` (it may not exist)."""
+    root = resources.files("topi_bn.tuning_logs")
+    return os.fspath(root / tuning_log_key(target))
+
+
+def resolve_tuning_logs(tuning_logs, target) -> list[str]:
+    """Log directories of ``tuning_logs``, highest priority first.
+
+    ``None`` -> none; ``"shipped"`` -> the package's logs for the target; a path; or a list of
+    these. User paths come first in the order given, ``"shipped"`` last: a user's record for a
+    workload wins over a shipped one. A target without shipped logs simply has none (logged).
+    """
+    if tuning_logs is None:
+        return []
+    items = [tuning_logs] if isinstance(tuning_logs, (str, os.PathLike)) else tuning_logs
+    if not isinstance(items, Sequence) or isinstance(items, (bytes, bytearray)):
+        raise TypeError(f"tuning_logs: expected None, 'shipped', a path or a list of them, got "
+                        f"{type(tuning_logs).__name__}")
+    user, shipped = [], []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"tuning_logs: expected paths or 'shipped', got "
+                            f"{type(item).__name__} in the list")
+        if os.fspath(item) == "shipped":
+            path = shipped_log_dir(target)
+            if os.path.isdir(path):
+                shipped.append(path)
+            else:
+                logger.info("no shipped tuning logs for %s (%s)", tuning_log_key(target), path)
+        else:
+            user.append(os.fspath(item))
+    return list(dict.fromkeys(user + shipped))
+
+
+def _reporting_database(inner, target):
+    """Wrap ``inner`` so that a query for a topi-bn PrimFunc with no record is logged."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.database import PyDatabase
+
+    from .schedules.common import has_topi_bn_blocks
+
+    @derived_object
+    class ReportingDatabase(PyDatabase):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+            self.missing: list[str] = []
+            self.applied: list[str] = []
+
+        def _note(self, found, mod, name):
+            funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+            if funcs and has_topi_bn_blocks(funcs[0]):
+                if found is None:
+                    self.missing.append(name)
+                    logger.info("no tuning record for topi-bn kernel %s (%s); default schedule",
+                                name, _signature(funcs[0]))
+                else:
+                    self.applied.append(name)
+            return found
+
+        def has_workload(self, mod):
+            return self.inner.has_workload(mod)
+
+        def commit_workload(self, mod):
+            return self.inner.commit_workload(mod)
+
+        def commit_tuning_record(self, record):
+            self.inner.commit_tuning_record(record)
+
+        def get_top_k(self, workload, top_k):
+            return self.inner.get_top_k(workload, top_k)
+
+        def get_all_tuning_records(self):
+            return self.inner.get_all_tuning_records()
+
+        def query_tuning_record(self, mod, target, workload_name):
+            return self._note(self.inner.query_tuning_record(mod, target, workload_name), mod,
+                              workload_name)
+
+        def query_schedule(self, mod, target, workload_name):
+            return self._note(self.inner.query_schedule(mod, target, workload_name), mod,
+                              workload_name)
+
+        def query_ir_module(self, mod, target, workload_name):
+            return self._note(self.inner.query_ir_module(mod, target, workload_name), mod,
+                              workload_name)
+
+        def __len__(self):
+            return len(self.inner)
+
+    return ReportingDatabase()
+
+
+def _signature(func) -> str:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return ", ".join(f"{a.dtype}{[int(s) for s in a.shape]}" for a in ArgInfo.from_prim_func(func))
+
+
+def _check_bn(bn) -> str:
+    if not isinstance(bn, str) or bn not in BN_MODES:
+        raise ValueError(f"bn: expected one of {BN_MODES}, got {bn!r}")
+    return bn
+
+
+def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
+          tuning_logs="shipped"):
+    """Compile a Relax module or a PrimFunc with topi-bn kernels for ``target``.
+
+    Parameters
+    ----------
+    mod_or_primfunc : tvm.IRModule or tvm.tirx.PrimFunc
+        A Relax module (``main`` is the entry) or one PrimFunc.
+    target : Target, dict or str
+        Anything :func:`topi_bn.resolve_target` accepts.
+    params : dict, optional
+        Relax only: parameter name -> array, bound as constants of ``main``.
+    bn : {"fused", "folded", "unpacked", "opaque"}
+        Relax only: what happens to batch-norms (:mod:`topi_bn.relax.modes`).
+    tuning_logs : None, "shipped", path or list
+        MetaSchedule JSON database directories to apply (see :func:`resolve_tuning_logs`).
+        A missing, empty, truncated or corrupt log warns (:class:`TuningLogWarning`) and the
+        build goes on with default schedules; logs are never written.
+
+    Returns
+    -------
+    tvm.runtime.Module or relax.VMExecutable
+        For a PrimFunc, a module whose ``lib["main"]`` takes inputs then outputs; for a Relax
+        module, the executable for ``relax.VirtualMachine``.
+    """
+    target = resolve_target(target)
+    _check_bn(bn)
+    loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
+    db = _reporting_database(loaded.database, target)
+    if isinstance(mod_or_primfunc, tvm.tirx.PrimFunc):
+        if params:
+            raise ValueError("params: only a Relax module takes params; a PrimFunc has none")
+        return _build_prim_func(mod_or_primfunc, target, db)
+    if isinstance(mod_or_primfunc, tvm.IRModule):
+        funcs = dict(mod_or_primfunc.functions_items())
+        if any(isinstance(f, tvm.relax.Function) for f in funcs.values()):
+            return _build_relax(mod_or_primfunc, target, params, bn, db)
+        prims = [f for f in funcs.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        if len(prims) == 1 and not params:
+            return _build_prim_func(prims[0], target, db)
+        raise ValueError("mod_or_primfunc: an IRModule must hold a Relax function or exactly one "
+                         "PrimFunc")
+    raise TypeError(f"mod_or_primfunc: expected a tvm.IRModule or a tvm.tirx.PrimFunc, got "
+                    f"{type(mod_or_primfunc).__name__}")
+
+
+def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModule, bool]:
+    """The scheduled module :func:`build` compiles for PrimFunc ``func``, and whether a tuning
+    record (rather than the default schedule) made it."""
+    target = resolve_target(target)
+    loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
+    return _schedule_prim_func(func, target, _reporting_database(loaded.database, target))
+
+
+def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    from .schedules.common import apply_default_schedules
+
+    mod = _normalize_mod(func)
+    sch = db.query_schedule(mod, target, "main")
+    if sch is not None:
+        mod = sch.mod
+        mod["main"] = mod["main"].with_attr("tirx.is_scheduled", True)
+        return mod, True
+    return apply_default_schedules(mod, target), False
+
+
+def _build_prim_func(func, target, db):
+    mod, _ = _schedule_prim_func(func, target, db)
+    return tvm.compile(mod, target=target)
+
+
+# -- Relax ---------------------------------------------------------------------------------------
+def _relax_modes():
+    """``topi_bn.relax.modes`` (the graph side: bn modes, registration, lowering), or None
+    while it is not part of this installation."""
+    try:
+        from .relax import modes
+    except ImportError:
+        return None
+    return modes
+
+
+def _build_relax(mod, target, params, bn, db):
+    modes = _relax_modes()
+    if modes is not None:
+        mod = modes.apply_bn_mode(mod, bn, params, target)
+        return modes.lower(mod, target, database=db)
+    # Seam: without topi_bn.relax, TVM's own legalization and the same pass order as lower().
+    if bn != "fused":
+        raise ValueError(f"bn: {bn!r} needs topi_bn.relax, which this installation lacks")
+    if params:
+        from tvm import relax
+
+        mod = relax.transform.BindParams("main", {
+            k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
+            for k, v in params.items()})(mod)
+    return tvm.compile(mod, target=target, relax_pipeline=_fallback_pipeline(target, db))
+
+
+def _fallback_pipeline(target, db):
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from .schedules.common import apply_default_schedules
+    from .tuning import fuse_passes
+
+    if target.kind.name != "llvm":
+        raise ValueError("target: building Relax modules for GPUs needs topi_bn.relax")
+
+    @tvm.transform.module_pass(opt_level=0, name="topi_bn.build.fallback_pipeline")
+    def _pipeline(mod, _ctx):
+        with target, db:
+            mod = tvm.transform.Sequential(list(cpu.library_dispatch_passes(target))
+                                           + fuse_passes())(mod)
+            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+            mod = apply_default_schedules(mod, target)
+            return tvm.transform.Sequential(list(cpu.dataflow_lower_passes(target))
+                                            + list(cpu.finalize_passes(target)))(mod)
+
+    return _pipeline

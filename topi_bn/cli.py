@@ -1,0 +1,125 @@
+"""The ``topi-bn`` command line.
+
+Subcommands register themselves in :data:`SUBCOMMANDS`: each is ``(name, add_arguments, run,
+help)``, where ``add_arguments(parser)`` adds its options and ``run(args)`` does the work and
+returns an exit code. To add one (``bench``), write those two functions and append a tuple.
+
+Argument errors (unknown workload, target, space, bad trial count) print a one-line message and
+exit with code 2, as argparse does for its own errors; they never print a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+# -- tune -------------------------------------------------------------------------------------------
+def _tune_arguments(p: argparse.ArgumentParser) -> None:
+    from .tuning import SPACES
+
+    p.add_argument("--target", default="x86",
+                   help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
+                        "tag (default: x86, this machine)")
+    p.add_argument("--workloads", default="smoke",
+                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke), 'all', or "
+                        "comma-separated workload names (default: smoke)")
+    p.add_argument("--trials", type=_positive_int, default=16,
+                   help="measured candidates per workload (default: 16)")
+    p.add_argument("--log-dir", default=None,
+                   help="MetaSchedule JSON database directory to write (default: "
+                        "tuning_logs/<target log key>)")
+    p.add_argument("--space", choices=SPACES, default="template",
+                   help="template: our schedule templates and their knobs (as AutoTVM); auto: "
+                        "MetaSchedule's generic rules (as Ansor) (default: template)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="element type of the inputs (default: float32)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+                   help="measure on devices registered at this tvm.rpc tracker")
+    p.add_argument("--rpc-key", metavar="KEY", default=None,
+                   help="device key at the RPC tracker")
+    p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
+
+
+def _tune_check(args, fail: Callable[[str], None]):
+    """Validate what argparse cannot, before any tuning starts."""
+    from .targets import resolve_target, tuning_log_key
+    from .tuning import select_workloads
+
+    try:
+        target = resolve_target(args.target, arg_name="--target")
+        select_workloads(args.workloads)
+    except (ValueError, TypeError) as err:
+        fail(str(err).replace("workloads:", "--workloads:", 1))
+    if (args.rpc_tracker is None) != (args.rpc_key is None):
+        fail("--rpc-tracker and --rpc-key go together")
+    if args.log_dir is None:
+        args.log_dir = f"tuning_logs/{tuning_log_key(target)}"
+    return target
+
+
+def _tune_run(args) -> int:
+    from .tuning import TuneConfig, tune
+
+    results = tune(args.target, args.workloads, args.trials, args.log_dir, args.space, args.dtype,
+                   rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
+                   config=TuneConfig(trials=args.trials, seed=args.seed))
+    tuned = [r for r in results if r.status == "tuned"]
+    skipped = [r for r in results if r.status == "skipped"]
+    for r in tuned:
+        best = f"{r.best_us:.1f} us ({r.metric})" if r.best_us is not None else "no valid candidate"
+        print(f"{r.workload}: {r.trials} trials, best {best}")
+    print(f"tuned {len(tuned)}, skipped {len(skipped)} (already at {args.trials} trials); "
+          f"log: {args.log_dir}")
+    return 0
+
+
+SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
+    # (name, add_arguments, run, check or None, help)
+    ("tune", _tune_arguments, _tune_run, _tune_check,
+     "tune registry workloads with MetaSchedule into a JSON database"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topi-bn", description="topi-bn kernels for Apache TVM")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, add_arguments, _run, _check, help_text in SUBCOMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``topi-bn``; returns the exit code (2 for argument errors)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _name, _add, run, check, _help = next(s for s in SUBCOMMANDS if s[0] == args.command)
+    sub_parser = parser._subparsers._group_actions[0].choices[args.command]  # noqa: SLF001
+    if check is not None:
+        check(args, sub_parser.error)
+    try:
+        return run(args)
+    except (ValueError, TypeError) as err:  # argument errors found while running
+        sub_parser.error(str(err))
+    except KeyboardInterrupt:
+        print("interrupted; records merged so far are kept", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""``topi-bn tune``: MetaSchedule tuning of registry workloads into a JSON database.
+
+Two search spaces, as AutoTVM and Ansor were:
+
+- ``template``: our schedule rules with their knobs sampled
+  (:func:`topi_bn.schedules.common.template_space`);
+- ``auto``: the blocks without our rule annotation (:func:`~topi_bn.schedules.common.strip_rules`),
+  searched by MetaSchedule's generic rules (``post-order-apply``).
+
+Each workload is tuned into a private in-memory database, then its records are merged into the
+shared log directory under a file lock (:mod:`topi_bn.tuning_db`). Records are keyed by the
+PrimFunc exactly as a Relax build sees it (:func:`workload_prim_func`), so
+``MetaScheduleApplyDatabase`` finds them. A rerun skips the workloads whose trial budget is met
+(the log's ``topi_bn_tuning.json`` manifest says how many trials each has had).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Sequence, TextIO
+
+from . import workloads as _workloads
+from .targets import resolve_target, tuning_log_key
+
+__all__ = ["SPACES", "TuneConfig", "TuneResult", "tune", "workload_prim_func", "select_workloads",
+           "build_visible_mod"]
+
+SPACES = ("template", "auto")
+
+logger = logging.getLogger("topi_bn")
+
+
+@dataclass
+class TuneConfig:
+    """Knobs of a tuning run that are not the workload list.
+
+    Attributes
+    ----------
+    trials : int
+        Measured candidates per workload (MetaSchedule's ``max_trials_per_task``).
+    trials_per_iter : int or None
+        Candidates per search round; default ``min(trials, 16)``.
+    builder_timeout_s, runner_timeout_s : float
+        Per-candidate limits of the local builder and runner (generous: a loaded 2-core machine
+        needs tens of seconds to compile a candidate).
+    num_cores : int or None
+        Parallel build/measure workers; default: the target's ``num-cores``.
+    seed : int or None
+        Seed of the search.
+    """
+
+    trials: int = 16
+    trials_per_iter: int | None = None
+    builder_timeout_s: float = 300.0
+    runner_timeout_s: float = 120.0
+    num_cores: int | None = None
+    seed: int | None = 0
+
+
+@dataclass
+class TuneResult:
+    """What happened to one workload."""
+
+    workload: str
+    status: str  # "tuned" | "skipped"
+    trials: int = 0  # trials measured by this run
+    best_us: float | None = None
+    records_in_log: int = 0
+    metric: str = ""  # "12.3 GFLOP/s" of the best candidate this run found
+    extra: dict = field(default_factory=dict)
+
+
+# -- the PrimFunc a build sees ------------------------------------------------------------------
+def _relax_module(workload, dtype: str):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(name, relax.TensorType(shape, dtype))
+              for name, shape in workload.shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_te(lambda *args: workload.compute(*args), *params,
+                             primfunc_name_hint=workload.op)
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def fuse_passes():
+    """The passes a Relax build runs before it applies tuning records (as MetaSchedule's
+    ``compile_relax`` does); :mod:`topi_bn.build` uses the same list."""
+    from tvm import relax
+
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def workload_prim_func(workload, dtype: str = "float32", target=None):
+    """The PrimFunc of ``workload`` exactly as a Relax build sees it when it applies records.
+
+    The compute is emitted with ``relax.BlockBuilder.emit_te`` (int64 shapes) and taken through
+    :func:`fuse_passes` (which add the ``op_pattern`` attribute). ``te.create_prim_func`` of the
+    same compute has int32 shapes and no attributes, is not structurally equal, and would never
+    match a record.
+
+    Parameters
+    ----------
+    workload : Workload or str
+        A registry workload or its name.
+    dtype : str
+        Element type of the inputs.
+    target : optional
+        Target made current while the passes run (``x86`` when None).
+    """
+    import tvm
+
+    if isinstance(workload, str):
+        workload = _workloads.get(workload)
+    mod = _relax_module(workload, dtype)
+    with resolve_target(target if target is not None else "x86"):
+        mod = tvm.transform.Sequential(fuse_passes())(mod)
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if len(funcs) != 1:
+        raise RuntimeError(f"workload {workload.name}: expected one PrimFunc, got {len(funcs)}")
+    return funcs[0]
+
+
+def build_visible_mod(func):
+    """``func`` as the one-function IRModule MetaSchedule stores and queries."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    return _normalize_mod(func)
+
+
+# -- arguments ------------------------------------------------------------------------------------
+def select_workloads(spec) -> list:
+    """Workloads named by ``spec``: a group (``topi_bn.workloads.groups()``), ``"all"``, a
+    comma-separated list of workload names, or a sequence of names/Workloads."""
+    if isinstance(spec, _workloads.Workload):
+        return [spec]
+    if isinstance(spec, str):
+        spec = spec.strip()
+        if spec == "all" or spec in _workloads.groups():
+            return _workloads.list_workloads(spec)
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+    elif isinstance(spec, Sequence):
+        names = list(spec)
+    else:
+        raise TypeError(f"workloads: expected a group name, 'all', a comma-separated list or a "
+                        f"list of workload names, got {type(spec).__name__}")
+    if not names:
+        raise ValueError("workloads: empty selection")
+    out = []
+    for n in names:
+        if isinstance(n, _workloads.Workload):
+            out.append(n)
+            continue
+        try:
+            out.append(_workloads.get(n))
+        except ValueError:
+            raise ValueError(
+                f"workloads: unknown workload or group {n!r}; groups are "
+                f"{', '.join(_workloads.groups() + ('all',))}; names are listed by "
+                f"topi_bn.workloads.list_workloads()") from None
+    return out
+
+
+def _check_trials(trials) -> int:
+    if isinstance(trials, bool) or not isinstance(trials, int):
+        raise TypeError(f"trials: expected a positive int, got {type(trials).__name__}")
+    if trials < 1:
+        raise ValueError(f"trials: expected a positive int, got {trials}")
+    return trials
+
+
+# -- progress -------------------------------------------------------------------------------------
+def _fmt_secs(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class _Progress:
+    """Plain-text progress on stderr: trials done, best GFLOP/s or GB/s, time left."""
+
+    def __init__(self, total_trials: int, stream: TextIO | None):
+        self.total = total_trials
+        self.done = 0
+        self.stream = stream
+        self.start = time.monotonic()
+
+    def metric(self, workload, secs: float, dtype: str) -> str:
+        if workload.op == "conv2d_bn_relu":
+            return f"{workload.flops / secs / 1e9:.1f} GFLOP/s"
+        return f"{workload.bytes_moved(dtype) / secs / 1e9:.1f} GB/s"
+
+    def update(self, label: str, w_done: int, w_total: int, best: str) -> None:
+        if self.stream is None:
+            return
+        elapsed = time.monotonic() - self.start
+        left = (elapsed / self.done * (self.total - self.done)) if self.done else float("nan")
+        left_s = _fmt_secs(left) if self.done else "?"
+        pct = 100 * self.done // max(self.total, 1)
+        self.stream.write(f"[{pct:3d}%] {label}: trials {w_done}/{w_total} | best {best} | "
+                          f"elapsed {_fmt_secs(elapsed)} | left ~{left_s}\n")
+        self.stream.flush()
+
+
+def _make_callback(progress: _Progress, workload, label: str, budget: int, dtype: str,
+                   state: dict):
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class ProgressCallback(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                  runner_results):
+            for res in runner_results:
+                secs = [float(s) for s in (res.run_secs or [])]
+                if secs and res.error_msg is None:
+                    t = sum(secs) / len(secs)
+                    if t < 1e9 and (state["best"] is None or t < state["best"]):
+                        state["best"] = t
+            n = len(measure_candidates)
+            state["trials"] += n
+            progress.done += n
+            best = "-" if state["best"] is None else progress.metric(workload, state["best"], dtype)
+            progress.update(label, state["trials"], budget, best)
+
+    return ProgressCallback()
+
+
+# -- tuning ------------------------------------------------------------------------------------
+def _manifest_key(workload, dtype: str, space: str, target, mod) -> str:
+    import tvm_ffi
+
+    return (f"{workload.name}|{dtype}|{space}|{tuning_log_key(target)}|"
+            f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFF:x}")
+
+
+class _QuietMetaSchedule:
+    """Send MetaSchedule's chatty logs to a file in the private work dir while tuning."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        lg = logging.getLogger("tvm.s_tir.meta_schedule")
+        self.saved = (lg.handlers[:], lg.propagate, lg.level)
+        self.handler = logging.FileHandler(self.path)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(message)s"))
+        lg.handlers = [self.handler]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        lg = logging.getLogger("tvm.s_tir.meta_schedule")
+        lg.handlers, lg.propagate, lg.level = self.saved
+        self.handler.close()
+
+
+def build_candidate(mod, target, _params=None):
+    """MetaSchedule builder function: MetaSchedule's ``default_build`` without its
+    ``import tvm.s_tir.tensor_intrin``, which costs 15-50 s in every fresh builder worker (the
+    local builder starts new workers for each batch) and is not needed to compile a schedule."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key):
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    if rpc_tracker is None and rpc_key is None:
+        return (LocalBuilder(max_workers=cores, timeout_sec=config.builder_timeout_s,
+                             f_build=build_candidate),
+                LocalRunner(timeout_sec=config.runner_timeout_s))
+    if not rpc_tracker or not rpc_key:
+        raise ValueError("rpc_tracker and rpc_key: give both (HOST:PORT and the device key) or "
+                         "neither")
+    try:
+        from . import rpc  # written on the ARM branch
+    except ImportError:
+        raise ValueError("rpc_tracker: this topi-bn has no topi_bn.rpc module; RPC tuning is not "
+                         "available") from None
+    return rpc.make_cross_builder(target), rpc.make_rpc_runner(rpc_tracker, rpc_key)
+
+
+def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.PathLike = "tuning_logs/x86",
+         space: str = "template", dtype: str = "float32", *, rpc_tracker: str | None = None,
+         rpc_key: str | None = None, config: TuneConfig | None = None,
+         progress: TextIO | bool | None = True) -> list[TuneResult]:
+    """Tune registry workloads with MetaSchedule (XGBoost cost model) into a JSON database.
+
+    Parameters
+    ----------
+    target : Target, dict or str
+        Anything :func:`topi_bn.resolve_target` accepts (``"x86"``: this machine).
+    workloads : str or list
+        A group (``topi_bn.workloads.groups()``), ``"all"``, comma-separated workload names, or a
+        list of names.
+    trials : int
+        Measured candidates per workload. A workload whose log already has this many trials (for
+        this space, dtype and target) is skipped; one with fewer gets the difference.
+    log_dir : path
+        The MetaSchedule JSON database directory (``database_workload.json`` +
+        ``database_tuning_record.json``); created when missing, appended to otherwise.
+    space : ``"template"`` or ``"auto"``
+        Our templates with sampled knobs, or MetaSchedule's generic rules on the blocks without
+        our annotations.
+    dtype : str
+        Element type of the workloads' inputs.
+    rpc_tracker, rpc_key : str, optional
+        Measure on devices registered at a ``tvm.rpc`` tracker (``HOST:PORT``) under ``KEY``,
+        building with the target's cross compiler (:mod:`topi_bn.rpc`).
+    config : TuneConfig, optional
+        Search and measurement knobs; ``trials`` overrides ``config.trials``.
+    progress : bool, text stream or None
+        Where progress lines go: True for stderr (default), a stream, or None/False for silence.
+
+    Returns
+    -------
+    list of TuneResult
+        One per workload, in order.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    from .schedules.common import strip_rules, template_space
+
+    if progress is True:
+        progress = sys.stderr
+    elif progress is False:
+        progress = None
+    tgt = resolve_target(target)
+    chosen = select_workloads(workloads)
+    trials = _check_trials(trials)
+    if space not in SPACES:
+        raise ValueError(f"space: expected one of {SPACES}, got {space!r}")
+    if log_dir is None or str(log_dir) == "":
+        raise ValueError("log_dir: expected a directory path")
+    log_dir = os.fspath(log_dir)
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ValueError(f"log_dir: {log_dir} exists and is not a directory")
+    config = config or TuneConfig()
+    cores = config.num_cores or int(tgt.attrs.get("num-cores", 0) or os.cpu_count() or 1)
+    per_iter = config.trials_per_iter or min(trials, 16)
+    if space == "template":
+        from .schedules.common import family_for
+
+        try:
+            family_for(tgt)
+        except (NotImplementedError, ImportError) as err:
+            raise ValueError(f"space: no topi-bn schedule templates for {tgt.kind.name} ({err}); "
+                             f"use space='auto'") from None
+    builder, runner = _builder_runner(tgt, config, cores, rpc_tracker, rpc_key)
+    os.makedirs(log_dir, exist_ok=True)
+
+    # what is left to do
+    from .tuning_db import merge_records, read_manifest
+
+    manifest = read_manifest(log_dir)
+    plan = []
+    for w in chosen:
+        func = workload_prim_func(w, dtype, tgt)
+        mod = build_visible_mod(func)
+        key = _manifest_key(w, dtype, space, tgt, mod)
+        done = int(manifest.get(key, {}).get("trials", 0))
+        plan.append((w, func, mod, key, max(0, trials - done), done))
+    prog = _Progress(sum(p[4] for p in plan), progress)
+
+    results = []
+    for i, (w, func, mod, key, budget, done) in enumerate(plan):
+        label = f"{i + 1}/{len(plan)} {w.name}"
+        if budget == 0:
+            results.append(TuneResult(w.name, "skipped"))
+            if progress is not None:
+                progress.write(f"[skip] {label}: {done} trials already in {log_dir}\n")
+            continue
+        if space == "template":
+            task_func, task_space = func, template_space(tgt)
+        else:
+            task_func, task_space = strip_rules(func), "post-order-apply"
+        state = {"trials": 0, "best": None}
+        with tempfile.TemporaryDirectory(prefix="topi_bn_tune_") as work:
+            with _QuietMetaSchedule(os.path.join(work, "metaschedule.log")):
+                ctx = ms.TuneContext(
+                    mod=task_func, target=tgt, space_generator=task_space,
+                    search_strategy="evolutionary", task_name=w.name,
+                    rand_state=-1 if config.seed is None else config.seed + i,
+                    num_threads=cores,
+                    logger=logging.getLogger("tvm.s_tir.meta_schedule.topi_bn"),
+                ).clone()
+                callbacks = ms.MeasureCallback.create("default") + [
+                    _make_callback(prog, w, label, budget, dtype, state)]
+                db = ms.tune_tasks(
+                    tasks=[ctx], task_weights=[1.0], work_dir=work,
+                    max_trials_global=budget, max_trials_per_task=budget,
+                    num_trials_per_iter=per_iter, builder=builder, runner=runner,
+                    database=ms.database.MemoryDatabase(), cost_model="xgb",
+                    measure_callbacks=callbacks, task_scheduler="round-robin")
+            records = db.get_all_tuning_records()
+        measured = max(state["trials"], len(records))
+        entry = {"workload": w.name, "dtype": dtype, "space": space, "target": str(tgt),
+                 "trials": done + measured}
+        if measured < budget:
+            # MetaSchedule stopped early: the space has no unmeasured candidate left
+            entry["trials"] = trials
+            entry["exhausted"] = True
+        total = merge_records(log_dir, mod, records, key, entry)
+        best_us = None if state["best"] is None else state["best"] * 1e6
+        metric = "" if state["best"] is None else prog.metric(w, state["best"], dtype)
+        results.append(TuneResult(w.name, "tuned", measured, best_us, total, metric))
+        logger.info("tuned %s: %d trials, best %s", w.name, measured, metric or "none")
+    return results

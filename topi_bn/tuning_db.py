@@ -1,0 +1,306 @@
+"""Tuning logs on disk: read them without touching them, and merge new records into them safely.
+
+A tuning log is a MetaSchedule JSON database directory::
+
+    <dir>/database_workload.json        one line per workload:  [structural hash, workload JSON]
+    <dir>/database_tuning_record.json   one line per record:    [workload line index, record JSON]
+    <dir>/topi_bn_tuning.json           what ``topi-bn tune`` has finished (its resume manifest)
+
+Reading (:func:`load_logs`) parses the files line by line into an in-memory
+``ms.database.MemoryDatabase``; the files are opened read-only, so a build never changes a log.
+A missing, empty, truncated or corrupt file gives a :class:`TuningLogWarning` naming the file and
+the lines that were skipped; the other records still load.
+
+Writing (:func:`merge_records`) happens under an exclusive ``fcntl.flock`` on
+``<dir>/.topi_bn.lock``: the current files are copied into a private folder inside ``<dir>``, the
+new records are appended there through ``ms.database.JSONDatabase``, and the files are moved back
+with ``os.replace``. Two tuners that share a directory therefore lose no records, and a tuner
+killed mid-merge leaves the previous log intact.
+
+Which records apply to a build (:func:`load_logs`):
+
+- target: a record applies when its target has the build target's kind and
+  :func:`topi_bn.targets.tuning_log_key` (x86-avx512, x86-avx2, arm-neon, cuda-sm_XX); a
+  schedule tuned on one AVX-512 CPU is valid code for any other;
+- failed measurements (MetaSchedule's 1e10 s) are dropped;
+- several logs: for each workload the records come from the first log, in priority order, that
+  has a valid record for it. User logs come before the shipped one, so a user's records win over
+  shipped ones; run times measured on different machines are not compared.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+__all__ = [
+    "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
+    "LoadedLogs", "load_logs", "merge_records", "read_manifest", "log_lock", "record_applies",
+]
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+MANIFEST_FILE = "topi_bn_tuning.json"
+LOCK_FILE = ".topi_bn.lock"
+
+# MetaSchedule stores a failed build or run as this many seconds.
+_FAILED_SECS = 1e9
+
+logger = logging.getLogger("topi_bn")
+
+
+class TuningLogWarning(UserWarning):
+    """A tuning log could not be read, entirely or in part; the build uses default schedules for
+    what it lacks."""
+
+
+@dataclass
+class LoadedLogs:
+    """Records of one or more logs, merged into one in-memory database.
+
+    Attributes
+    ----------
+    database : ms.database.MemoryDatabase
+        The records that apply to the target.
+    sources : list of str
+        The log directories read, in priority order.
+    num_records : int
+        Records in ``database``.
+    skipped : dict
+        Per log directory, how many records were dropped because an earlier log had the workload
+        (``"shadowed"``), they were for another target (``"other_target"``) or failed
+        (``"failed"``).
+    """
+
+    database: object
+    sources: list[str] = field(default_factory=list)
+    num_records: int = 0
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, TuningLogWarning, stacklevel=3)
+
+
+def _target_key(target) -> tuple[str, str] | None:
+    from .targets import tuning_log_key
+
+    try:
+        return (target.kind.name, tuning_log_key(target))
+    except Exception:  # a target topi-bn has no log key for
+        return None
+
+
+def record_applies(record_target, build_target) -> bool:
+    """Whether a record tuned for ``record_target`` applies to a build for ``build_target``: same
+    target kind and same :func:`~topi_bn.targets.tuning_log_key`."""
+    if record_target is None:
+        return False
+    want = _target_key(build_target)
+    return want is not None and _target_key(record_target) == want
+
+
+def _read_lines(path: str) -> list[str] | None:
+    """The lines of ``path`` (read-only), or None with a warning when it cannot be read."""
+    if not os.path.isfile(path):
+        _warn(f"tuning log {path}: file not found; using default schedules for its workloads")
+        return None
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        _warn(f"tuning log {path}: cannot be read ({err}); using default schedules")
+        return None
+    lines = text.splitlines()
+    if not any(line.strip() for line in lines):
+        _warn(f"tuning log {path}: file is empty; using default schedules for its workloads")
+        return None
+    return lines
+
+
+def _load_one(log_dir: str):
+    """Parse one log directory: ``[(workload, [record, ...]), ...]`` grouped by workload line."""
+    from tvm.s_tir import meta_schedule as ms
+
+    wl_path = os.path.join(log_dir, WORKLOAD_FILE)
+    rec_path = os.path.join(log_dir, RECORD_FILE)
+    wl_lines = _read_lines(wl_path)
+    if wl_lines is None:
+        return []
+    rec_lines = _read_lines(rec_path)
+    if rec_lines is None:
+        return []
+
+    workloads: dict[int, object] = {}
+    bad_wl = []
+    for i, line in enumerate(wl_lines):
+        if not line.strip():
+            continue
+        try:
+            workloads[i] = ms.database.Workload.from_json(json.loads(line))
+        except Exception:  # json.JSONDecodeError or a TVM parse error
+            bad_wl.append(i + 1)
+    if bad_wl:
+        _warn(f"tuning log {wl_path}: skipped corrupt or truncated line(s) {_lines(bad_wl)}; "
+              f"their workloads use default schedules")
+
+    grouped: dict[int, list] = {}
+    bad_rec = []
+    for i, line in enumerate(rec_lines):
+        if not line.strip():
+            continue
+        try:
+            idx, rec_json = json.loads(line)
+            if idx not in workloads:
+                raise ValueError(f"no workload {idx}")
+            rec = ms.database.TuningRecord.from_json(rec_json, workloads[idx])
+        except Exception:
+            bad_rec.append(i + 1)
+            continue
+        grouped.setdefault(idx, []).append(rec)
+    if bad_rec:
+        _warn(f"tuning log {rec_path}: skipped corrupt or truncated line(s) {_lines(bad_rec)}")
+    return [(workloads[i], recs) for i, recs in grouped.items()]
+
+
+def _lines(nums: list[int]) -> str:
+    shown = ", ".join(map(str, nums[:10]))
+    return shown + (f" and {len(nums) - 10} more" if len(nums) > 10 else "")
+
+
+def _run_time(rec) -> float:
+    secs = [float(s) for s in (rec.run_secs or [])]
+    return sum(secs) / len(secs) if secs else float("inf")
+
+
+def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
+    """Read the logs in ``log_dirs`` (highest priority first) into one in-memory database.
+
+    Parameters
+    ----------
+    log_dirs : sequence of str
+        MetaSchedule JSON database directories. They are only read.
+    target : tvm.target.Target
+        The build target; records for other targets are dropped (see :func:`record_applies`).
+
+    Returns
+    -------
+    LoadedLogs
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.MemoryDatabase()
+    out = LoadedLogs(database=db, sources=list(log_dirs))
+    for log_dir in log_dirs:
+        skipped = {"shadowed": 0, "other_target": 0, "failed": 0}
+        for workload, records in _load_one(log_dir):
+            usable = []
+            for rec in records:
+                if not record_applies(rec.target, target):
+                    skipped["other_target"] += 1
+                elif _run_time(rec) >= _FAILED_SECS:
+                    skipped["failed"] += 1
+                else:
+                    usable.append(rec)
+            if not usable:
+                continue
+            if db.has_workload(workload.mod):  # an earlier (higher-priority) log has it
+                skipped["shadowed"] += len(usable)
+                continue
+            committed = db.commit_workload(workload.mod)
+            for rec in usable:
+                db.commit_tuning_record(ms.database.TuningRecord(
+                    rec.trace, committed, rec.run_secs, rec.target, rec.args_info))
+                out.num_records += 1
+        out.skipped[log_dir] = skipped
+    return out
+
+
+# -- writing ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def log_lock(log_dir: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<log_dir>/.topi_bn.lock`` (blocks until free)."""
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, LOCK_FILE), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def read_manifest(log_dir: str) -> dict:
+    """The resume manifest of ``log_dir`` (``{}`` when there is none or it is unreadable)."""
+    path = os.path.join(log_dir, MANIFEST_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def merge_records(log_dir: str, mod, records: Sequence, manifest_key: str | None = None,
+                  manifest_entry: dict | None = None) -> int:
+    """Append ``records`` to the JSON database in ``log_dir`` as records of workload ``mod``.
+
+    The records keep their trace, run time, target and argument info; their workload becomes
+    ``mod`` (the PrimFunc module the build sees: the ``auto`` space tunes a copy without the
+    topi-bn rule annotations, whose traces replay unchanged on ``mod``). Under the directory
+    lock the files are rewritten through a private copy and ``os.replace``; ``manifest_entry``
+    is stored under ``manifest_key`` in the resume manifest at the same time.
+
+    Returns
+    -------
+    int
+        How many records the log holds for ``mod`` afterwards.
+
+    Raises
+    ------
+    ValueError
+        The existing log cannot be parsed; it is left untouched.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    with log_lock(log_dir):
+        tmp = tempfile.mkdtemp(prefix=".merge-", dir=log_dir)
+        try:
+            for name in (WORKLOAD_FILE, RECORD_FILE):
+                src = os.path.join(log_dir, name)
+                if os.path.exists(src):
+                    shutil.copyfile(src, os.path.join(tmp, name))
+            try:
+                jdb = ms.database.JSONDatabase(work_dir=tmp)
+            except Exception as err:
+                raise ValueError(
+                    f"log_dir: the tuning log in {log_dir} cannot be parsed ({err}); it was not "
+                    f"changed. Move it away or repair it, then tune again") from None
+            workload = jdb.commit_workload(mod)
+            for rec in records:
+                jdb.commit_tuning_record(ms.database.TuningRecord(
+                    rec.trace, workload, rec.run_secs, rec.target, rec.args_info))
+            total = len(jdb.get_top_k(workload, 1 << 30))
+            del jdb
+            if manifest_key is not None:
+                manifest = read_manifest(log_dir)
+                manifest[manifest_key] = manifest_entry or {}
+                with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
+                    json.dump(manifest, f, indent=1, sort_keys=True)
+                    f.write("\n")
+            # workloads first: a record file never refers to a workload line that is missing
+            for name in (WORKLOAD_FILE, RECORD_FILE, MANIFEST_FILE):
+                src = os.path.join(tmp, name)
+                if os.path.exists(src):
+                    with open(src, "rb") as f:
+                        os.fsync(f.fileno())
+                    os.replace(src, os.path.join(log_dir, name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return total
