@@ -74,6 +74,8 @@ def test_cli_smoke_writes_table_json_and_png(tmp_path, capsys):
         assert e["extra_info"]["unit"] in ("GFLOP/s", "GB/s")
         if e["extra_info"]["impl"] == "topi-bn untuned":
             assert "speedup_vs_unpacked" in e["extra_info"]
+        if e["extra_info"]["impl"] == "topi-bn tuned":  # says whether a record was used
+            assert e["extra_info"]["note"] in ("tuned record", "no record: default schedule")
     skipped = data["topi_bn"]["skipped"]
     assert all(s["error"].startswith("n/a") for s in skipped)  # nothing failed
     png = (out / "speedups.png").read_bytes()

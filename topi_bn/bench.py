@@ -54,7 +54,7 @@ __all__ = [
     "BenchConfig", "Timing", "time_callable", "bandwidth_ceiling", "Impl", "IMPLEMENTATIONS",
     "OP_FAMILIES", "Result", "bench_workloads", "select_workloads", "format_table", "to_json",
     "write_plot", "machine_info", "add_bench_parser", "resolve_bench_target", "set_threads",
-    "prepare", "check_output", "Unavailable", "run_bench", "main", "QUICK_WORKLOADS",
+    "prepare", "check_output", "Unavailable", "kernel_prim_func", "run_bench", "main", "QUICK_WORKLOADS",
 ]
 
 # -- configuration -------------------------------------------------------------------------------
@@ -577,42 +577,40 @@ def _tvm_runner(ex, wl, arrays):
     return _tvm_vm(ex, arrays) if _is_relax_executable(ex) else _tvm_dps(ex, wl, arrays)
 
 
+def kernel_prim_func(wl: W.Workload, target):
+    """The workload's PrimFunc as a Relax build emits it, which is what tuning records are
+    keyed by (:func:`topi_bn.tuning.workload_prim_func`); ``Workload.prim_func`` where that
+    module is absent. Tuned and untuned builds start from the same function."""
+    try:
+        from .tuning import workload_prim_func
+    except ImportError:
+        return wl.prim_func()
+    return workload_prim_func(wl, target=target)
+
+
 def _prepare_untuned(wl: W.Workload, ctx: Context) -> Prepared:
     import tvm
 
     from .schedules import apply_default_schedules
 
-    mod = apply_default_schedules(tvm.IRModule({"main": wl.prim_func()}), ctx.target)
-    lib = tvm.compile(mod, target=ctx.target)
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    # the one-function module MetaSchedule (and topi_bn.build) makes of a PrimFunc
+    mod = _normalize_mod(kernel_prim_func(wl, ctx.target))
+    lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
     return Prepared(*_tvm_runner(lib, wl, ctx.arrays))
 
 
-def _tuned_records(wl: W.Workload, target) -> str:
-    """Whether the shipped log holds a record for ``wl`` (asked of topi_bn.build's helpers
-    when they say; ``"?"`` when the build module offers no way to tell)."""
-    from . import build as b
-
-    probe = getattr(b, "has_tuning_record", None) or getattr(b, "has_record", None)
-    if probe is None:
-        return "?"
-    try:
-        return "record" if probe(wl, target) else "no record"
-    except Exception as err:  # noqa: BLE001 - report, do not fail the benchmark
-        return f"? ({type(err).__name__})"
-
-
 def _prepare_tuned(wl: W.Workload, ctx: Context) -> Prepared:
-    import tvm
-
     try:
-        from . import build as b
+        from .build import build, schedule_prim_func
     except ImportError as err:
         raise Unavailable(f"topi_bn.build is not in this checkout ({err})") from None
-    build = getattr(b, "build", None)
-    if build is None:
-        raise Unavailable("topi_bn.build has no build()")
-    ex = build(tvm.IRModule({"main": wl.prim_func()}), ctx.target, tuning_logs="shipped")
-    return Prepared(*_tvm_runner(ex, wl, ctx.arrays), note=_tuned_records(wl, ctx.target))
+    func = kernel_prim_func(wl, ctx.target)
+    ex = build(func, ctx.target, tuning_logs="shipped")
+    _, had_record = schedule_prim_func(func, ctx.target, tuning_logs="shipped")
+    note = "tuned record" if had_record else "no record: default schedule"
+    return Prepared(*_tvm_runner(ex, wl, ctx.arrays), note=note)
 
 
 def _tvm_lowering():
@@ -1018,11 +1016,17 @@ def format_summary(results: Sequence[Result], bandwidth: dict | None = None,
     names = [i.name for i in IMPLEMENTATIONS if any(r.impl == i.name for r in results)]
     by = {(r.workload, r.impl): r for r in results}
     wls = list(dict.fromkeys(r.workload for r in results))
+    tuned = "topi-bn tuned" in names
     lines = ["| workload | " + " | ".join(f"{n} ms" for n in names)
+             + (" | tuning record" if tuned else "")
              + f" | {impl} rate | % copy BW | vs unpacked | vs best peer |",
-             "|" + "---|" * (len(names) + 5)]
+             "|" + "---|" * (len(names) + 5 + tuned)]
     for w in wls:
         cells = [_ms(by[(w, n)].timing) if (w, n) in by else "—" for n in names]
+        if tuned:
+            r = by.get((w, "topi-bn tuned"))
+            cells.append("—" if r is None or r.timing is None
+                         else "yes" if r.note == "tuned record" else "no")
         r = by.get((w, impl))
         if r is None or r.timing is None:
             tail = "— | — | — | —"

@@ -115,13 +115,13 @@ def _build_mode(mode: str) -> Callable[[_NetContext], Prepared]:
         import tvm
 
         mod = _relax_module(ctx)
-        note = ""
         try:
             from .build import build
         except ImportError:
             build = None
         if build is not None:
             ex = build(mod, ctx.target, bn=mode, tuning_logs="shipped")
+            note = ""
         else:
             try:
                 from .relax import modes
