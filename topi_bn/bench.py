@@ -96,6 +96,9 @@ class BenchConfig:
         Implementations to run (names of :data:`IMPLEMENTATIONS`).
     bandwidth_mb : int
         Size of the copy that measures the memory-bandwidth ceiling (0: skip).
+    tuning_logs : str
+        What ``topi-bn tuned`` reads: ``"shipped"`` (the package's logs for the target) or a
+        MetaSchedule JSON database directory (``topi_bn.build``'s ``tuning_logs``).
     spin_wait : bool
         Let idle threads of TVM, OpenMP and ORT spin (their defaults; best on an idle
         machine) instead of waiting passively (see :func:`set_threads`).
@@ -110,6 +113,7 @@ class BenchConfig:
                               "onnxruntime")
     bandwidth_mb: int = 256
     spin_wait: bool = False
+    tuning_logs: str = "shipped"
 
     @classmethod
     def quick(cls, **changes) -> "BenchConfig":
@@ -532,6 +536,7 @@ class Context:
     target: Any
     threads: int
     arrays: list[np.ndarray]
+    tuning_logs: str = "shipped"
 
 
 def _tvm_dps(lib, wl: W.Workload, arrays) -> tuple[Callable, Callable]:
@@ -607,8 +612,8 @@ def _prepare_tuned(wl: W.Workload, ctx: Context) -> Prepared:
     except ImportError as err:
         raise Unavailable(f"topi_bn.build is not in this checkout ({err})") from None
     func = kernel_prim_func(wl, ctx.target)
-    ex = build(func, ctx.target, tuning_logs="shipped")
-    _, had_record = schedule_prim_func(func, ctx.target, tuning_logs="shipped")
+    ex = build(func, ctx.target, tuning_logs=ctx.tuning_logs)
+    _, had_record = schedule_prim_func(func, ctx.target, tuning_logs=ctx.tuning_logs)
     note = "tuned record" if had_record else "no record: default schedule"
     return Prepared(*_tvm_runner(ex, wl, ctx.arrays), note=note)
 
@@ -733,7 +738,7 @@ _IMPL_BY_NAME = {i.name: i for i in IMPLEMENTATIONS}
 
 
 def prepare(impl_name: str, wl: W.Workload, target, threads: int,
-            arrays: Sequence[np.ndarray] | None = None) -> Prepared:
+            arrays: Sequence[np.ndarray] | None = None, tuning_logs: str = "shipped") -> Prepared:
     """Build ``impl_name`` for ``wl`` (the benchmark suites' entry); raises
     :class:`Unavailable` when it cannot run here."""
     from .targets import resolve_target
@@ -741,7 +746,7 @@ def prepare(impl_name: str, wl: W.Workload, target, threads: int,
     if impl_name not in _IMPL_BY_NAME:
         raise ValueError(f"impl: expected one of {list(_IMPL_BY_NAME)}, got {impl_name!r}")
     ctx = Context(resolve_target(target), threads,
-                  list(arrays) if arrays is not None else wl.random_inputs())
+                  list(arrays) if arrays is not None else wl.random_inputs(), tuning_logs)
     t0 = time.perf_counter()
     p = _IMPL_BY_NAME[impl_name].prepare(wl, ctx)
     p.build_s = time.perf_counter() - t0
@@ -831,7 +836,7 @@ def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,
             r = Result(wl.name, wl.op, impl.name, impl.kind, unit=fam.unit)
             progress(f"[{k}/{len(workloads)}] {wl.name}: {impl.name} ...")
             try:
-                p = prepare(impl.name, wl, target, threads, arrays)
+                p = prepare(impl.name, wl, target, threads, arrays, cfg.tuning_logs)
                 r.build_s, r.note = p.build_s, p.note
                 p.run()
                 if ref is not None:
@@ -1117,6 +1122,12 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         parts = [f"{d[k]:.2f}x {k.replace('speedup_vs_', 'over ').replace('_', ' ')}"
                  for k in ("speedup_vs_unpacked", "speedup_vs_best_peer") if k in d]
         lines.append(f"- {op} ({d['n']} workloads): " + ", ".join(parts))
+    tuned = [r for r in results if r.impl == "topi-bn tuned" and r.timing is not None]
+    if tuned:
+        have = sum(r.note == "tuned record" for r in tuned)
+        lines += ["", f"topi-bn tuned: {have} of {len(tuned)} workloads had a tuning record in "
+                      f"the {cfg.tuning_logs!r} logs; the others ran the default schedule "
+                      f"(column 'tuning record')."]
     lines += ["", format_summary(results, bandwidth), ""]
     if networks:
         lines += [networks, ""]
@@ -1151,6 +1162,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"implementations (default: all of {[i.name for i in IMPLEMENTATIONS]})")
     p.add_argument("--no-networks", action="store_true",
                    help="skip the whole-network models (ResNet-18, MobileNetV2)")
+    p.add_argument("--tuning-logs", default="shipped",
+                   help="tuning logs of 'topi-bn tuned': 'shipped' (default) or a MetaSchedule "
+                        "JSON database directory")
     p.add_argument("--spin-wait", action="store_true",
                    help="let idle threads spin (TVM, OpenMP and ORT defaults; best on an idle "
                         "machine); default: passive waiting, robust when cores are shared")
@@ -1174,7 +1188,8 @@ def run_bench(args: argparse.Namespace) -> int:
     smoke = bool(args.group) and args.group == ["smoke"]
     make = BenchConfig.smoke if smoke else BenchConfig.quick if args.quick else BenchConfig
     changes = {"target": args.target, "threads": args.threads,
-               "check": not args.no_check, "spin_wait": args.spin_wait}
+               "check": not args.no_check, "spin_wait": args.spin_wait,
+               "tuning_logs": args.tuning_logs}
     if args.rounds is not None:
         changes["rounds"] = args.rounds
     if args.impl:

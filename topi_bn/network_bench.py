@@ -98,6 +98,7 @@ class _NetContext:
     threads: int
     model: Any
     x: np.ndarray
+    tuning_logs: str = "shipped"
 
 
 def _relax_module(ctx: _NetContext):
@@ -120,7 +121,7 @@ def _build_mode(mode: str) -> Callable[[_NetContext], Prepared]:
         except ImportError:
             build = None
         if build is not None:
-            ex = build(mod, ctx.target, bn=mode, tuning_logs="shipped")
+            ex = build(mod, ctx.target, bn=mode, tuning_logs=ctx.tuning_logs)
             note = ""
         else:
             try:
@@ -182,7 +183,7 @@ NETWORK_IMPLS: dict[str, tuple[str, Callable[[_NetContext], Prepared]]] = {
 
 
 def prepare_network(impl: str, net: Network, target, threads: int, model=None,
-                    x: np.ndarray | None = None) -> Prepared:
+                    x: np.ndarray | None = None, tuning_logs: str = "shipped") -> Prepared:
     """Build ``impl`` (a key of :data:`NETWORK_IMPLS`) for ``net``."""
     if impl not in NETWORK_IMPLS:
         raise ValueError(f"impl: expected one of {list(NETWORK_IMPLS)}, got {impl!r}")
@@ -195,7 +196,7 @@ def prepare_network(impl: str, net: Network, target, threads: int, model=None,
     if x is None:
         x = np.random.default_rng(0).standard_normal(net.input_shape).astype("float32")
     t0 = time.perf_counter()
-    p = NETWORK_IMPLS[impl][1](_NetContext(target, threads, model, x))
+    p = NETWORK_IMPLS[impl][1](_NetContext(target, threads, model, x, tuning_logs))
     p.build_s = time.perf_counter() - t0
     return p
 
@@ -237,7 +238,7 @@ def bench_networks(cfg: BenchConfig, networks: Sequence[Network] | None = None,
             r = Result(net.name, "network", name, NETWORK_IMPLS[name][0], unit="img/s")
             progress(f"[net {k}/{len(networks)}] {net.name}: {name} ...")
             try:
-                p = prepare_network(name, net, target, threads, model, x)
+                p = prepare_network(name, net, target, threads, model, x, cfg.tuning_logs)
                 r.build_s, r.note = p.build_s, p.note
                 p.run()
                 r.check = check_network_output(p.output(), ref) if cfg.check else ""
