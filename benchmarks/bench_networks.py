@@ -54,5 +54,5 @@ def test_network(network, net_impl, bench_cfg, bench_target, run_case):
         pytest.skip(str(err))
     prepared.run()
     assert nb.check_network_output(prepared.output(), ref) == "ok"
-    run_case(prepared, impl=net_impl, network=network.name, note=prepared.note,
+    run_case(prepared, network.name, impl=net_impl, network=network.name, note=prepared.note,
              build_s=prepared.build_s)

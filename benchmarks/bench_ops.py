@@ -29,5 +29,5 @@ def test_op(workload, impl, bench_cfg, bench_target, run_case):
     prepared.run()
     assert bench.check_output(workload, prepared.output(), ref) == "ok"
     fam = bench.OP_FAMILIES[workload.op]
-    run_case(prepared, op=workload.op, impl=impl, unit=fam.unit, flops=workload.flops,
+    run_case(prepared, workload.name, op=workload.op, impl=impl, unit=fam.unit, flops=workload.flops,
              bytes=workload.bytes_moved(), note=prepared.note, build_s=prepared.build_s)

@@ -113,13 +113,14 @@ def smoke(pytestconfig) -> bool:
 
 @pytest.fixture
 def run_case(benchmark, bench_cfg):
-    """``run_case(prepared, **extra_info)`` times ``prepared.run`` with ``benchmark.pedantic``:
+    """``run_case(prepared, group, **extra_info)`` times ``prepared.run`` with ``benchmark.pedantic``:
     one warm-up round, ``rounds`` rounds of ``iterations`` calls, ``iterations`` chosen as
     :func:`topi_bn.bench.time_callable` does (a round lasts at least ``min_round_ms``)."""
     from topi_bn import bench
 
-    def run(prepared, **extra):
+    def run(prepared, group: str, **extra):
         probe = bench.time_callable(prepared.run, rounds=1, min_round_ms=bench_cfg.min_round_ms)
+        benchmark.group = group  # one table per workload / network
         benchmark.extra_info.update(extra)
         benchmark.pedantic(prepared.run, rounds=bench_cfg.rounds, iterations=probe.number,
                            warmup_rounds=1)
