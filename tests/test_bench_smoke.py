@@ -111,6 +111,23 @@ def test_add_bench_parser_wires_a_subcommand():
     bench.add_bench_parser(sub)
     args = parser.parse_args(["bench", "--quick", "--target", "x86", "--out", "d"])
     assert args.func is bench.run_bench and args.quick and args.out == "d"
+    args.check(args, parser.error)  # good arguments pass
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "-1"], "--threads"),
+    (["--rounds", "0"], "--rounds"),
+    (["--impl", "nope"], "--impl"),
+    (["--group", "nope"], "--group"),
+    (["--workload", "nope"], "--workload"),
+    (["--target", "cuda"], "--target"),
+])
+def test_bad_bench_arguments_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv + ["--out", "unused"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_tiny_network_against_pytorch():

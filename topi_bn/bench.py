@@ -53,7 +53,7 @@ from . import workloads as W
 __all__ = [
     "BenchConfig", "Timing", "time_callable", "bandwidth_ceiling", "Impl", "IMPLEMENTATIONS",
     "OP_FAMILIES", "Result", "bench_workloads", "select_workloads", "format_table", "to_json",
-    "write_plot", "machine_info", "add_bench_parser", "resolve_bench_target", "set_threads",
+    "write_plot", "machine_info", "add_bench_parser", "add_bench_arguments", "check_bench_args", "resolve_bench_target", "set_threads",
     "prepare", "check_output", "Unavailable", "kernel_prim_func", "run_bench", "main", "QUICK_WORKLOADS",
 ]
 
@@ -1140,12 +1140,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="benchmark topi-bn against TVM unpacked BN, PyTorch and ONNX Runtime",
         description=__doc__.split("\n\n")[0])
-    _add_arguments(p)
-    p.set_defaults(func=run_bench)
+    add_bench_arguments(p)
+    p.set_defaults(func=run_bench, check=check_bench_args)
     return p
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``topi-bn bench`` to ``p``."""
     p.add_argument("--quick", action="store_true",
                    help=f"{len(QUICK_WORKLOADS)} workloads, 3 rounds, no whole networks "
                         "(about 3 minutes)")
@@ -1170,6 +1171,31 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "machine); default: passive waiting, robust when cores are shared")
     p.add_argument("--no-check", action="store_true",
                    help="do not compare outputs with the float64 reference")
+
+
+def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """Report a bad ``topi-bn bench`` argument through ``error`` (argparse's ``parser.error``:
+    a one-line message, exit code 2) before anything is built."""
+    if args.threads < 0:
+        error(f"--threads: expected >= 0 (0 = all cores), got {args.threads}")
+    if args.rounds is not None and args.rounds < 1:
+        error(f"--rounds: expected >= 1, got {args.rounds}")
+    known = [i.name for i in IMPLEMENTATIONS]
+    for name in args.impl or ():
+        if name not in known:
+            error(f"--impl: expected one of {known}, got {name!r}")
+    for g in args.group or ():
+        if g not in W.groups():
+            error(f"--group: expected one of {list(W.groups())}, got {g!r}")
+    for name in args.workload or ():
+        try:
+            W.get(name)
+        except ValueError as err:
+            error(f"--workload: {err}")
+    try:
+        resolve_bench_target(args.target, 1)
+    except (ValueError, TypeError) as err:
+        error(f"--target: {err}")
 
 
 def _safe_write(path: str, text: str | bytes) -> None:
@@ -1239,8 +1265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m topi_bn.bench [--quick] [--target x86] [--out DIR]``."""
     p = argparse.ArgumentParser(prog="python -m topi_bn.bench",
                                 description=__doc__.split("\n\n")[0])
-    _add_arguments(p)
-    return run_bench(p.parse_args(argv))
+    add_bench_arguments(p)
+    args = p.parse_args(argv)
+    check_bench_args(args, p.error)
+    return run_bench(args)
 
 
 if __name__ == "__main__":
