@@ -23,7 +23,16 @@ implementation         what runs
 Rates: GFLOP/s for convolutions (:attr:`Workload.flops`), GB/s for batch-norm and layer_norm
 (:meth:`Workload.bytes_moved`, compulsory traffic), the latter also as a percentage of the
 memory-bandwidth ceiling measured in the same run (:func:`bandwidth_ceiling`: a 256 MB copy,
-read + write, by NumPy and by a parallel TVM kernel; the faster counts).
+read + write, by NumPy and by a parallel TVM kernel; the faster counts). Data that fits in
+the caches (a 128x768 layer_norm, 16 MB on a CPU with a 32 MB L3) can beat the DRAM copy: over
+100% means "cache-resident", not a wrong figure.
+
+The ``TVM unpacked`` conv2d is TVM's own lowering for an LLVM target, which has no conv
+schedule in 0.27 (no TOPI x86 strategies any more); the conv speedups over it are therefore
+mostly the schedule, and the batch-norm and layer_norm ones the kernel itself.
+
+Threads: see :func:`set_threads` (fixed count for all three runtimes, no thread pinning,
+passive waiting unless ``--spin-wait``).
 
 Timing (:func:`time_callable`): every implementation is a zero-argument callable on
 preallocated inputs; after a warm-up, each round runs it ``number`` times (``number`` chosen so
@@ -1128,7 +1137,11 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         lines += ["", f"topi-bn tuned: {have} of {len(tuned)} workloads had a tuning record in "
                       f"the {cfg.tuning_logs!r} logs; the others ran the default schedule "
                       f"(column 'tuning record')."]
-    lines += ["", format_summary(results, bandwidth), ""]
+    lines += ["", format_summary(results, bandwidth), "",
+              "Rates: GFLOP/s for conv (Workload.flops), GB/s of compulsory traffic for BN and LN "
+              "(Workload.bytes_moved); '% copy BW' over 100% means the data stayed in cache. "
+              "'vs unpacked' is TVM's own lowering (its conv2d has no CPU schedule in TVM 0.27); "
+              "'vs best peer' is the faster of PyTorch eager and ONNX Runtime.", ""]
     if networks:
         lines += [networks, ""]
     return "\n".join(lines)
