@@ -75,7 +75,7 @@ def _tune_run(args) -> int:
 
     results = tune(args.target, args.workloads, args.trials, args.log_dir, args.space, args.dtype,
                    rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
-                   config=TuneConfig(trials=args.trials, seed=args.seed))
+                   config=TuneConfig(seed=args.seed))
     tuned = [r for r in results if r.status == "tuned"]
     skipped = [r for r in results if r.status == "skipped"]
     for r in tuned:

@@ -40,8 +40,6 @@ class TuneConfig:
 
     Attributes
     ----------
-    trials : int
-        Measured candidates per workload (MetaSchedule's ``max_trials_per_task``).
     trials_per_iter : int or None
         Candidates per search round; default ``min(trials, 16)``.
     builder_timeout_s, runner_timeout_s : float
@@ -53,7 +51,6 @@ class TuneConfig:
         Seed of the search.
     """
 
-    trials: int = 16
     trials_per_iter: int | None = None
     builder_timeout_s: float = 300.0
     runner_timeout_s: float = 120.0
@@ -298,7 +295,7 @@ def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key
     return rpc.make_cross_builder(target), rpc.make_rpc_runner(rpc_tracker, rpc_key)
 
 
-def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.PathLike = "tuning_logs/x86",
+def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.PathLike | None = None,
          space: str = "template", dtype: str = "float32", *, rpc_tracker: str | None = None,
          rpc_key: str | None = None, config: TuneConfig | None = None,
          progress: TextIO | bool | None = True) -> list[TuneResult]:
@@ -314,9 +311,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     trials : int
         Measured candidates per workload. A workload whose log already has this many trials (for
         this space, dtype and target) is skipped; one with fewer gets the difference.
-    log_dir : path
+    log_dir : path, optional
         The MetaSchedule JSON database directory (``database_workload.json`` +
         ``database_tuning_record.json``); created when missing, appended to otherwise.
+        Default: ``tuning_logs/<tuning_log_key(target)>`` under the current directory.
     space : ``"template"`` or ``"auto"``
         Our templates with sampled knobs, or MetaSchedule's generic rules on the blocks without
         our annotations.
@@ -326,7 +324,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         Measure on devices registered at a ``tvm.rpc`` tracker (``HOST:PORT``) under ``KEY``,
         building with the target's cross compiler (:mod:`topi_bn.rpc`).
     config : TuneConfig, optional
-        Search and measurement knobs; ``trials`` overrides ``config.trials``.
+        Search and measurement knobs.
     progress : bool, text stream or None
         Where progress lines go: True for stderr (default), a stream, or None/False for silence.
 
@@ -348,8 +346,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     trials = _check_trials(trials)
     if space not in SPACES:
         raise ValueError(f"space: expected one of {SPACES}, got {space!r}")
-    if log_dir is None or str(log_dir) == "":
-        raise ValueError("log_dir: expected a directory path")
+    if log_dir is None:
+        log_dir = os.path.join("tuning_logs", tuning_log_key(tgt))
+    if not isinstance(log_dir, (str, os.PathLike)) or str(log_dir) == "":
+        raise ValueError(f"log_dir: expected a directory path, got {log_dir!r}")
     log_dir = os.fspath(log_dir)
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ValueError(f"log_dir: {log_dir} exists and is not a directory")
