@@ -38,7 +38,8 @@ from tvm.target import Target
 __all__ = [
     "ANCHORS", "RULE_PREFIX", "topi_bn_blocks", "schedule_function", "apply_default_schedules",
     "template_space", "strip_rules", "register_family", "target_scope", "family_for",
-    "has_topi_bn_blocks",
+    "has_topi_bn_blocks", "block_rule", "base_name", "op_blocks", "inline_consumers",
+    "OUTPUT_BLOCKS",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -70,6 +71,65 @@ def _is_anchor(sch: tvm.s_tir.Schedule, block, op: str) -> bool:
     # FuseTIR may suffix block names ("conv_1") when it fuses several ops into one PrimFunc.
     return anchor is not None and (name == anchor or name.startswith(anchor + "_")
                                    and name[len(anchor) + 1:].isdigit())
+
+
+def block_rule(sch: tvm.s_tir.Schedule, block) -> str | None:
+    """The block's full ``schedule_rule`` annotation (``"topi_bn.layer_norm"``), or None."""
+    ann = sch.get(block).annotations.get("schedule_rule")
+    return None if ann is None else str(ann)
+
+
+def base_name(name: str) -> str:
+    """Block name without FuseTIR's numeric suffix (``bn_sum_1`` -> ``bn_sum``)."""
+    head, _, tail = name.rpartition("_")
+    return head if head and tail.isdigit() else name
+
+
+# blocks that write an op's results: never a producer inside the op, so a walk that reaches one
+# through a producer edge has left the op (an earlier op of the same kind)
+OUTPUT_BLOCKS = {"bn_act", "bn_norm", "bn_batch_mean", "bn_batch_var", "bn_running_mean",
+                 "bn_running_var", "ln_norm", "ln_mean_out", "ln_rstd_out"}
+
+
+def op_blocks(sch: tvm.s_tir.Schedule, anchor) -> dict:
+    """The blocks of the anchor's op, by base name: the blocks carrying the anchor's
+    ``schedule_rule`` connected to it through the op's internal buffers (producer edges that do
+    not enter another op's output; consumer edges that do not leave an output)."""
+    rule = block_rule(sch, anchor)
+    found = {sch.get(anchor).name_hint: anchor}
+    todo = [anchor]
+    while todo:
+        block = todo.pop(0)
+        steps = [(p, True) for p in sch.get_producers(block)]
+        if base_name(sch.get(block).name_hint) not in OUTPUT_BLOCKS:
+            steps += [(c, False) for c in sch.get_consumers(block)]
+        for nxt, is_producer in steps:
+            name = sch.get(nxt).name_hint
+            if name in found or block_rule(sch, nxt) != rule:
+                continue
+            if is_producer and base_name(name) in OUTPUT_BLOCKS:
+                continue
+            found[name] = nxt
+            todo.append(nxt)
+    return {base_name(n): b for n, b in found.items()}
+
+
+def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
+    """``reverse_compute_inline`` the untagged elementwise consumers fused after ``block`` (a
+    ReLU that FuseOps put after a layer_norm), repeatedly, where TVM allows it; the others are
+    left to the generic path."""
+    changed = True
+    while changed:
+        changed = False
+        for consumer in sch.get_consumers(block):
+            if block_rule(sch, consumer) is not None:
+                continue
+            try:
+                sch.reverse_compute_inline(consumer)
+            except tvm.s_tir.ScheduleError:
+                continue
+            changed = True
+            break
 
 
 def _all_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:

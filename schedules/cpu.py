@@ -34,6 +34,8 @@ from tvm.target import Target
 
 from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
+from .common import inline_consumers, op_blocks
+
 
 __all__ = [
     "CpuParams", "ConvConfig", "BatchNormTrainConfig", "LayerNormConfig", "BatchNormInferConfig",
@@ -114,49 +116,6 @@ def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates: Sequence[int], def
 
 def _extent(sch: tvm.s_tir.Schedule, loop) -> int:
     return int(sch.get(loop).extent)
-
-
-def _rule(sch: tvm.s_tir.Schedule, block) -> str | None:
-    ann = sch.get(block).annotations.get("schedule_rule")
-    return None if ann is None else str(ann)
-
-
-def _base_name(name: str) -> str:
-    """Block name without FuseTIR's ``_<n>`` suffix."""
-    head, _, tail = name.rpartition("_")
-    return head if head and tail.isdigit() else name
-
-
-def _op_blocks(sch: tvm.s_tir.Schedule, anchor) -> dict:
-    """The blocks of the op ``anchor`` belongs to (same ``schedule_rule``, connected through
-    producer/consumer edges), keyed by base name."""
-    rule = _rule(sch, anchor)
-    found = {sch.get(anchor).name_hint: anchor}
-    todo = [anchor]
-    while todo:
-        b = todo.pop()
-        for nb in list(sch.get_producers(b)) + list(sch.get_consumers(b)):
-            name = sch.get(nb).name_hint
-            if name not in found and _rule(sch, nb) == rule:
-                found[name] = nb
-                todo.append(nb)
-    return {_base_name(n): b for n, b in found.items()}
-
-
-def _inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
-    """``reverse_compute_inline`` the untagged elementwise consumers fused after ``block``."""
-    changed = True
-    while changed:
-        changed = False
-        for c in sch.get_consumers(block):
-            if _rule(sch, c) is not None:
-                continue
-            try:
-                sch.reverse_compute_inline(c)
-            except tvm.TVMError:  # not elementwise on our output: left to the generic path
-                continue
-            changed = True
-            break
 
 
 def _channel_position(sch: tvm.s_tir.Schedule, block) -> int:
@@ -243,11 +202,11 @@ def _order_names(nchw: bool, depthwise: bool) -> list[str]:
 def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
                    depthwise: bool) -> None:
     p = cpu_params(target)
-    blocks = _op_blocks(sch, conv)
+    blocks = op_blocks(sch, conv)
     act = blocks["bn_act"]
     k_pos = _channel_position(sch, act)  # 1: NCHW, 3: NHWC
     nchw = k_pos == 1
-    _inline_consumers(sch, act)
+    inline_consumers(sch, act)
 
     red_names = _reduction_loop_names(sch, conv)
     n_red = len(red_names)
@@ -364,10 +323,10 @@ def _finish_rf(sch: tvm.s_tir.Schedule, rf, lane_name: str, n_outer: int) -> Non
 
 def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
     p = cpu_params(target)
-    blocks = _op_blocks(sch, anchor)
+    blocks = op_blocks(sch, anchor)
     norm = blocks["bn_norm"]
     axis = _channel_position(sch, norm)
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars]
     rank = len(shape)
     inner = 1
@@ -454,9 +413,9 @@ class LayerNormConfig:
 
 def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
     p = cpu_params(target)
-    blocks = _op_blocks(sch, anchor)
+    blocks = op_blocks(sch, anchor)
     norm = blocks["ln_norm"]
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     total = blocks["ln_sum"]
     n_rows = len(sch.get(total).iter_vars) - len(_reduction_loop_names(sch, total))
     lps = sch.get_loops(total)
@@ -502,10 +461,10 @@ class BatchNormInferConfig:
 
 def _schedule_bn_infer(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
     p = cpu_params(target)
-    blocks = _op_blocks(sch, anchor)
+    blocks = op_blocks(sch, anchor)
     norm = blocks["bn_norm"]
     axis = _channel_position(sch, norm)
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     loops = sch.get_loops(norm)
     if axis < len(loops) - 1:
         outer, inner = loops[:axis + 1], loops[axis + 1:]

@@ -28,13 +28,13 @@ PrimFunc) is inlined into the epilogue where :meth:`Schedule.reverse_compute_inl
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import tvm
 from tvm.target import Target
 
 from . import common
+from .common import block_rule, inline_consumers, op_blocks
 
 __all__ = [
     "GpuLimits", "ConvKnobs", "DepthwiseKnobs", "BatchNormTrainKnobs", "ElementwiseKnobs",
@@ -136,72 +136,16 @@ def _divisor_near(n: int, target: float) -> int:
     return best
 
 
-def _base(name: str) -> str:
-    """Block name without FuseTIR's numeric suffix (``bn_sum_1`` -> ``bn_sum``)."""
-    return re.sub(r"_\d+$", "", name)
-
-
-def _rule(sch, block) -> str | None:
-    ann = sch.get(block).annotations.get("schedule_rule")
-    return None if ann is None else str(ann)
-
-
-# blocks that write an op's results: never a producer inside the op, so a walk that reaches one
-# through a producer edge has left the op (an earlier op of the same kind)
-_OUTPUTS = {"bn_act", "bn_norm", "bn_batch_mean", "bn_batch_var", "bn_running_mean",
-            "bn_running_var", "ln_norm", "ln_mean_out", "ln_rstd_out"}
-
-
-def _op_blocks(sch, anchor) -> dict[str, object]:
-    """The blocks of the anchor's op, by base name: the blocks carrying the anchor's
-    ``schedule_rule`` connected to it through the op's internal buffers (producer edges that do
-    not enter another op's output; consumer edges that do not leave an output)."""
-    rule = _rule(sch, anchor)
-    found = {sch.get(anchor).name_hint: anchor}
-    todo = [anchor]
-    while todo:
-        block = todo.pop(0)
-        steps = [(p, True) for p in sch.get_producers(block)]
-        if _base(sch.get(block).name_hint) not in _OUTPUTS:
-            steps += [(c, False) for c in sch.get_consumers(block)]
-        for nxt, is_producer in steps:
-            name = sch.get(nxt).name_hint
-            if name in found or _rule(sch, nxt) != rule:
-                continue
-            if is_producer and _base(name) in _OUTPUTS:
-                continue
-            found[name] = nxt
-            todo.append(nxt)
-    return {_base(n): b for n, b in found.items()}
-
-
 def _inline_producers(sch, blocks: dict) -> None:
     """Inline elementwise producers of the op that are not topi-bn blocks (e.g. an add that
     FuseOps put in front of a norm), where TVM allows it."""
     for block in blocks.values():
         for producer in sch.get_producers(block):
-            if _rule(sch, producer) is None:
+            if block_rule(sch, producer) is None:
                 try:
                     sch.compute_inline(producer)
                 except tvm.s_tir.ScheduleError:
                     pass
-
-
-def _inline_consumers(sch, block) -> None:
-    """Reverse-inline every elementwise consumer of ``block`` that is not a topi-bn block
-    (e.g. a fused ReLU), repeatedly, where TVM allows it."""
-    changed = True
-    while changed:
-        changed = False
-        for consumer in sch.get_consumers(block):
-            if _rule(sch, consumer) is not None:
-                continue
-            try:
-                sch.reverse_compute_inline(consumer)
-                changed = True
-                break
-            except tvm.s_tir.ScheduleError:
-                continue
 
 
 def _bind_elementwise(sch, block, threads: int, vector: int = 1) -> None:
@@ -222,7 +166,7 @@ def _schedule_leftovers(sch, block, threads: int) -> None:
     """Bind consumers of ``block`` that could not be inlined (spatial blocks only), so the
     function has no block left outside a kernel."""
     for consumer in sch.get_consumers(block):
-        if _rule(sch, consumer) is not None:
+        if block_rule(sch, consumer) is not None:
             continue
         loops = sch.get_loops(consumer)
         if not loops:
@@ -400,13 +344,13 @@ def _conv_prologue_epilogue(sch, blocks: dict) -> object:
     for name in ("bn_shift", "bn_scale"):
         if name in blocks:
             sch.compute_inline(blocks[name])
-    _inline_consumers(sch, epi)
+    inline_consumers(sch, epi)
     return epi
 
 
 def _schedule_conv(sch, conv, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    blocks = _op_blocks(sch, conv)
+    blocks = op_blocks(sch, conv)
     _inline_producers(sch, blocks)
     geo = _conv_info(sch, conv)
     epi = _conv_prologue_epilogue(sch, blocks)
@@ -484,7 +428,7 @@ class DepthwiseKnobs:
 
 def _schedule_depthwise(sch, conv, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    blocks = _op_blocks(sch, conv)
+    blocks = op_blocks(sch, conv)
     _inline_producers(sch, blocks)
     epi = _conv_prologue_epilogue(sch, blocks)
     if "pad" in blocks:
@@ -531,7 +475,6 @@ def _channel_reduction(sch, block, epilogues: list, kn_threads, bpc, ct, channel
     """Schedule a per-channel reduction ``block`` (loops: channel, then the reduced axes) and
     attach the per-channel ``epilogues`` after it."""
     loops = sch.get_loops(block)
-    c = loops[0]
     r = sch.fuse(*loops[1:]) if len(loops) > 2 else loops[1]
     row_threads = kn_threads // ct if isinstance(kn_threads, int) else kn_threads
     one_block = isinstance(bpc, int) and bpc == 1
@@ -575,7 +518,7 @@ def _channel_reduction(sch, block, epilogues: list, kn_threads, bpc, ct, channel
 
 def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b = _op_blocks(sch, norm)
+    b = op_blocks(sch, norm)
     _inline_producers(sch, b)
     sum_block = b["bn_sum"]
     info = sch.get(sum_block)
@@ -599,7 +542,7 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
         bpc = kn.blocks_per_channel
     firsts = [b[n] for n in ("bn_mean", "bn_batch_mean", "bn_running_mean") if n in b]
     seconds = [b[n] for n in ("bn_var", "bn_scale", "bn_batch_var", "bn_running_var") if n in b]
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     _channel_reduction(sch, sum_block, firsts, threads, bpc, kn.channel_threads, channel_last,
                        limits)
     _channel_reduction(sch, b["bn_sqdev"], seconds, threads, bpc, kn.channel_threads,
@@ -635,12 +578,12 @@ def _schedule_normalize(sch, norm, limits: GpuLimits, tunable: bool) -> None:
 
 def _schedule_bn_infer(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b = _op_blocks(sch, norm)
+    b = op_blocks(sch, norm)
     _inline_producers(sch, b)
     for name in ("bn_var", "bn_scale", "bn_mean"):  # var -> scale -> norm; mean -> norm
         if name in b:
             sch.compute_inline(b[name])
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     _schedule_normalize(sch, norm, limits, tunable)
 
 
@@ -674,9 +617,9 @@ def _pow2_at_most(n: int) -> int:
 
 def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b = _op_blocks(sch, norm)
+    b = op_blocks(sch, norm)
     _inline_producers(sch, b)
-    _inline_consumers(sch, norm)
+    inline_consumers(sch, norm)
     info = sch.get(b["ln_sum"])
     rows = 1
     row_len = 1
