@@ -151,17 +151,21 @@ def test_bad_bench_arguments_exit_2_with_one_line(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
-def test_tiny_network_against_pytorch():
-    """Every network implementation that exists here matches PyTorch eager on the tiny net."""
+def test_tiny_network_runner():
+    """The whole-network runner of ``topi-bn bench`` on the tiny net (the suites' smoke run
+    below builds every implementation; here two, through bench_networks and its table)."""
     pytest.importorskip("torch")
     from topi_bn import network_bench as nb
 
     cfg = bench.BenchConfig.smoke(threads=1)
-    results = nb.bench_networks(cfg, networks=[nb.tiny_network()], rounds=1,
+    impls = ("topi-bn fused", "topi-bn unpacked", "torch")
+    results = nb.bench_networks(cfg, networks=[nb.tiny_network()], impls=impls, rounds=1,
                                 progress=lambda _msg: None)
     by = {r.impl: r for r in results}
-    assert set(by) == set(nb.NETWORK_IMPLS)
+    assert set(by) == set(impls)
     assert by["torch"].check == "ok"
+    if by["topi-bn fused"].timing is not None:
+        assert "speedup_vs_unpacked" in by["topi-bn fused"].extra
     for r in results:
         assert r.error == "" or r.error.startswith("n/a"), (r.impl, r.error)
         if r.timing is not None:

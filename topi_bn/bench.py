@@ -1095,7 +1095,7 @@ def write_plot(results: Sequence[Result], path: str, title: str = "") -> str:
         ax.barh(ys, xs, height=height, label=label)
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(wls))])
     ax.set_yticklabels(wls, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(wls) - 0.1, -0.3)  # first workload on top, no empty margins
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("speedup (x, log scale; >1 means topi-bn is faster)")
