@@ -1,0 +1,58 @@
+"""Whole-network benchmarks: ResNet-18 and MobileNetV2 (224x224, batch 1) per ``bn`` mode of
+``topi_bn.build`` against PyTorch eager and ONNX Runtime (:mod:`topi_bn.network_bench`).
+
+In smoke mode only the tiny network of :func:`topi_bn.network_bench.tiny_network` runs.
+Every case first checks its output against PyTorch eager.
+"""
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from topi_bn import bench
+from topi_bn import network_bench as nb
+
+
+def _networks(config):
+    if config._topi_bn_smoke:  # set by benchmarks/conftest.py
+        return [nb.tiny_network()]
+    try:
+        return nb.default_networks()
+    except bench.Unavailable as err:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=str(err)), id="networks")]
+
+
+def pytest_generate_tests(metafunc):
+    if "network" in metafunc.fixturenames:
+        nets = _networks(metafunc.config)
+        metafunc.parametrize("network", nets,
+                             ids=[getattr(n, "name", None) or "networks" for n in nets])
+    if "net_impl" in metafunc.fixturenames:
+        names = list(nb.NETWORK_IMPLS)
+        metafunc.parametrize("net_impl", names, ids=[n.replace(" ", "-") for n in names])
+
+
+@lru_cache(maxsize=4)
+def _model_input_reference(net: nb.Network):
+    import torch
+
+    torch.manual_seed(0)
+    model = net.make().eval()
+    x = np.random.default_rng(0).standard_normal(net.input_shape).astype("float32")
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    return model, x, ref
+
+
+def test_network(network, net_impl, bench_cfg, bench_target, run_case):
+    pytest.importorskip("torch")
+    model, x, ref = _model_input_reference(network)
+    try:
+        prepared = nb.prepare_network(net_impl, network, bench_target, bench_cfg.threads,
+                                      model, x)
+    except bench.Unavailable as err:
+        pytest.skip(str(err))
+    prepared.run()
+    assert nb.check_network_output(prepared.output(), ref) == "ok"
+    run_case(prepared, network.name, impl=net_impl, network=network.name, note=prepared.note,
+             build_s=prepared.build_s)
