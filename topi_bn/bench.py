@@ -1257,9 +1257,13 @@ def run_bench(args: argparse.Namespace) -> int:
     data = to_json(results, cfg, machine, bandwidth)
     _safe_write(os.path.join(args.out, "results.json"), json.dumps(data, indent=1))
     op_results = [r for r in results if r.op in OP_FAMILIES]
-    write_plot(op_results, os.path.join(args.out, "speedups.png"),
-               title=f"topi-bn on {machine['processor']} ({machine['llvm_mcpu']}), "
-                     f"{threads} threads")
+    try:
+        write_plot(op_results, os.path.join(args.out, "speedups.png"),
+                   title=f"topi-bn on {machine['processor']} ({machine['llvm_mcpu']}), "
+                         f"{threads} threads")
+    except ImportError:
+        print("bench: matplotlib is not installed (pip install 'topi-bn[bench]'); no plot",
+              file=sys.stderr)
     md = results_markdown(op_results, machine, bandwidth, cfg, elapsed, net_text)
     _safe_write(os.path.join(args.out, "results.md"),
                 md + "\n\n## Every implementation\n\n" + format_table(op_results, bandwidth)

@@ -2,7 +2,7 @@
 
 Subcommands register themselves in :data:`SUBCOMMANDS`: each is ``(name, add_arguments, run,
 help)``, where ``add_arguments(parser)`` adds its options and ``run(args)`` does the work and
-returns an exit code. To add one (``bench``), write those two functions and append a tuple.
+returns an exit code. To add one, write those functions and append a tuple.
 
 Argument errors (unknown workload, target, space, bad trial count) print a one-line message and
 exit with code 2, as argparse does for its own errors; they never print a traceback.
@@ -86,10 +86,31 @@ def _tune_run(args) -> int:
     return 0
 
 
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from . import bench
+
+    bench.add_bench_arguments(p)
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.run_bench(args)
+
+
+def _bench_check(args: argparse.Namespace, error: Callable[[str], object]) -> None:
+    from . import bench
+
+    bench.check_bench_args(args, error)
+
+
 SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
     # (name, add_arguments, run, check or None, help)
     ("tune", _tune_arguments, _tune_run, _tune_check,
      "tune registry workloads with MetaSchedule into a JSON database"),
+    ("bench", _bench_arguments, _bench_run, _bench_check,
+     "benchmark topi-bn (shipped logs, untuned) against TVM's unpacked batch-norm, PyTorch "
+     "eager and ONNX Runtime; table, JSON and a plot"),
 ]
 
 
