@@ -1,8 +1,10 @@
 """MetaSchedule tuning through a tvm.rpc tracker, end to end on loopback.
 
 A tracker on 127.0.0.1, one RPC server running under qemu-aarch64 registered with it, a few
-trials of one small workload with topi_bn.rpc's runner and cross builder, records written to a
-JSON database, then applied by the build and checked under qemu against NumPy float64.
+trials of one small workload through ``topi_bn.tune(..., rpc_tracker=, rpc_key=)`` (what
+``topi-bn tune --rpc-tracker --rpc-key`` runs: topi_bn.rpc's runner and cross builder), records
+written to a JSON database, then applied by ``topi_bn.build(..., tuning_logs=<that dir>)`` and
+the kernel checked under qemu against NumPy float64.
 Emulated timings are meaningless: this checks the path, not the speed, and writes nothing to
 tuning_logs/.
 """
@@ -66,16 +68,14 @@ WORKLOAD = "smoke.layer_norm_16x64"  # small, from the registry; its blocks carr
 
 
 def _workload():
-    """The registry workload as a PrimFunc named main, its output shapes and dtypes."""
-    from tvm import te
-
+    """The registry workload, as a build sees it, and its output shapes and dtypes."""
     from topi_bn import workloads
+    from topi_bn.tuning import workload_prim_func
 
     w = workloads.get(WORKLOAD)
-    args = w.te_args("float32")
-    outs = w.compute(*args)
-    f = te.create_prim_func(args + outs).with_attr("global_symbol", "main")
-    return w, f, [(tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]
+    outs = w.compute(*w.te_args("float32"))
+    return w, workload_prim_func(w, "float32"), [
+        (tuple(int(d) for d in o.shape), str(o.dtype)) for o in outs]
 
 
 @pytest.mark.arm
@@ -83,7 +83,9 @@ def _workload():
 def test_rpc_tuning_loopback(arm_sysroot, tmp_path):
     pytest.importorskip("tornado", reason="tvm.rpc's tracker needs the tornado package")
     import tvm
-    from tvm.s_tir import meta_schedule as ms
+
+    import topi_bn
+    from topi_bn.build import schedule_prim_func
 
     # MetaSchedule needs num-cores on CPU targets; a Raspberry Pi 4 has 4.
     target = tvm.target.Target({"tag": arm_emulation.RASP4B64_TARGET, "num-cores": 4})
@@ -103,12 +105,9 @@ def test_rpc_tuning_loopback(arm_sysroot, tmp_path):
 
         w, f, out_specs = _workload()
         work_dir = tmp_path / "tune"
-        runner = rpc.make_rpc_runner(f"127.0.0.1:{port}", KEY, number=1, repeat=1,
-                                     min_repeat_ms=0, session_timeout_sec=60)
-        builder = rpc.make_cross_builder(target, max_workers=1)
-        ms.tune_tir(f, target, str(work_dir), max_trials_global=4, num_trials_per_iter=4,
-                    builder=builder, runner=runner, cost_model="random",
-                    num_tuning_cores=2, seed=0)
+        results = topi_bn.tune(target, WORKLOAD, trials=4, log_dir=work_dir,
+                               rpc_tracker=f"127.0.0.1:{port}", rpc_key=KEY, progress=False)
+        assert [r.status for r in results] == ["tuned"], results
 
         # Records were written, and at least one was measured on the emulated board
         # (failed builds or runs are recorded with run_secs 1e10 or none).
@@ -118,12 +117,13 @@ def test_rpc_tuning_loopback(arm_sysroot, tmp_path):
         assert any(secs and max(secs) < 1e9 for secs in run_secs), (
             run_secs, logs["qemu rpc server"].read_text())
 
-        # A fresh database read from disk is applied by the build.
-        db = ms.database.JSONDatabase(work_dir=str(work_dir))
-        sch = ms.tir_integration.compile_tir(db, f, target)
-        assert sch is not None, "no tuning record applied"
-        assert len(sch.trace.insts) > 0
-        so = arm_emulation.cross_compile(tvm.compile(sch.mod, target=target), target, tmp_path)
+        # The production build applies them (and reads the log without rewriting it).
+        before = records.read_bytes()
+        mod, applied = schedule_prim_func(f, target, tuning_logs=str(work_dir))
+        assert applied, "topi_bn.build found no tuning record for the tuned workload"
+        lib = topi_bn.build(f, target, tuning_logs=str(work_dir))
+        assert records.read_bytes() == before
+        so = arm_emulation.cross_compile(lib, target, tmp_path)
     finally:
         arm_emulation.stop_process(server)
         arm_emulation.stop_process(tracker)
