@@ -180,7 +180,7 @@ def _two_layer_case(rng):
     ("fused", ["topi_bn_conv2d_bn_relu"]),
     ("folded", ["topi_bn_conv2d_shift_act"]),
     ("unpacked", []),
-    ("opaque", ["topi_bn_batch_norm_infer"]),
+    ("opaque", ["topi_bn_batch_norm_infer", "topi_bn_conv2d_shift_act"]),
 ])
 def test_bn_modes(rng, bn, kernels):
     mod, x, params, ref = _two_layer_case(rng)
@@ -190,8 +190,10 @@ def test_bn_modes(rng, bn, kernels):
         assert "relax.nn.batch_norm" not in _ops(out)
     if bn == "opaque":
         assert all(int(f.attrs["op_pattern"]) == tr.registration.OP_PATTERN_OPAQUE
-                   for gv, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
-        assert "relax.nn.conv2d" in _ops(out)
+                   for gv, f in out.functions_items()
+                   if isinstance(f, tvm.tirx.PrimFunc) and "batch_norm" in gv.name_hint)
+    if bn != "unpacked":  # every conv on a topi-bn conv kernel
+        assert "relax.nn.conv2d" not in _ops(out)
     assert_close(_compile_run(out, [x]), ref, "float32", bn, scale=4)
 
 
@@ -206,6 +208,90 @@ def test_opaque_batch_norm_is_not_fused_with_neighbours(rng):
     names = _kernels(lowered)
     assert names.count("topi_bn_batch_norm_infer") == 1, names
     assert not [n for n in names if "batch_norm" in n and n != "topi_bn_batch_norm_infer"]
+
+
+def _lowered_kernels(mod):
+    """``mod``'s PrimFuncs after FuseTIR and the default schedules, by name."""
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(), tr.ApplyDefaultSchedules(TARGET)])
+    with TARGET, tr.registration.legalize_options(schedule=False):
+        lowered = seq(mod)
+    return {gv.name_hint: f for gv, f in lowered.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def test_opaque_mode_convs_are_scheduled_topi_bn_kernels(rng):
+    mod, x, params, ref = _two_layer_case(rng)
+    out = tr.apply_bn_mode(mod, "opaque", params)
+    kernels = _lowered_kernels(out)
+    names = sorted(re.sub(r"\d+$", "", n) for n in kernels)
+    assert names.count("topi_bn_batch_norm_infer") == 1, names
+    convs = {n: f for n, f in kernels.items() if "conv2d" in n}
+    assert len(convs) == 2 and all(n.startswith("topi_bn_conv2d_shift_act") for n in convs), names
+    for n, f in convs.items():
+        assert f.attrs["tirx.is_scheduled"], n
+    assert_close(_compile_run(out, [x]), ref, "float32", "opaque", scale=4)
+
+
+def _conv_graph(rng, layout, groups, c, k, bias, act):
+    """conv2d [+ bias] [+ act], no batch-norm, and its float64 reference."""
+    nchw = layout == "NCHW"
+    a = {"x": rng.standard_normal((1, c, 6, 6) if nchw else (1, 6, 6, c)).astype("float32"),
+         "w": (rng.standard_normal((k, c // groups, 3, 3) if nchw else (3, 3, c // groups, k))
+               * 0.3).astype("float32")}
+    if bias:
+        a["bias"] = rng.standard_normal((1, k, 1, 1) if nchw else (k,)).astype("float32")
+    v = {n: relax.Var(n, relax.TensorType(arr.shape, "float32")) for n, arr in a.items()}
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(v.values())):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(v["x"], v["w"], padding=1, groups=groups,
+                                           data_layout=layout,
+                                           kernel_layout="OIHW" if nchw else "HWIO"))
+            if bias:
+                y = bb.emit(relax.op.add(y, v["bias"]))
+            if act == "relu":
+                y = bb.emit(relax.op.nn.relu(y))
+            elif act == "relu6":
+                y = bb.emit(relax.op.clip(y, 0, 6))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    ref = reference.conv2d(a["x"], a["w"], padding=1, groups=groups, layout=layout)
+    if bias:
+        ref = ref + a["bias"].reshape((1, k, 1, 1) if nchw else (k,))
+    ref = {"relu": np.maximum(ref, 0), "relu6": np.clip(ref, 0, 6)}.get(act, ref)
+    return bb.get(), list(a.values()), ref
+
+
+@pytest.mark.parametrize("layout,groups,c,k,bias,act", [
+    ("NCHW", 1, 4, 8, False, "none"),     # a bare conv: zero shift
+    ("NCHW", 1, 4, 8, False, "relu"),
+    ("NCHW", 8, 8, 8, True, "relu6"),     # depthwise
+    ("NHWC", 2, 4, 6, True, "none"),
+    ("NHWC", 8, 8, 8, False, "relu"),     # depthwise
+])
+def test_conv_without_batch_norm_becomes_shift_act_kernel(rng, layout, groups, c, k, bias,
+                                                            act):
+    mod, args, ref = _conv_graph(rng, layout, groups, c, k, bias, act)
+    out = tr.FuseConvShiftAct()(mod)
+    assert _kernels(out) == ["topi_bn_conv2d_shift_act"]
+    assert not {"relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.clip"} & set(_ops(out))
+    assert_close(_compile_run(out, args), ref, "float32", "conv", scale=4)
+    for bn in ("fused", "opaque"):
+        assert _kernels(tr.apply_bn_mode(mod, bn)) == ["topi_bn_conv2d_shift_act"], bn
+    unpacked = tr.apply_bn_mode(mod, "unpacked")
+    assert _kernels(unpacked) == [] and "relax.nn.conv2d" in _ops(unpacked)
+
+
+def test_bare_conv_is_exactly_the_conv(rng):
+    """The zero shift changes nothing: the kernel equals TVM's own conv lowering."""
+    mod, args, _ = _conv_graph(rng, "NCHW", 1, 4, 8, False, "none")
+    ours = _compile_run(tr.FuseConvShiftAct()(mod), args)
+    ex = tvm.compile(mod, target=TARGET)
+    theirs = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_mode_is_rejected(rng):

@@ -11,9 +11,11 @@
 into one ``call_tir`` of :func:`topi_bn.compute.conv2d_bn_relu`:
 :math:`y = \\mathrm{act}(\\mathrm{conv}(x, w) \\cdot s_k + t_k)`.
 
-:class:`FuseConvShiftAct` rewrites ``conv2d -> add(shift) -> [relu | relu6]`` (what
-:func:`topi_bn.fold.fold_batch_norm` leaves behind) into
-:func:`topi_bn.compute.conv2d_shift_act`.
+:class:`FuseConvShiftAct` rewrites ``conv2d [-> add(shift)] [-> relu | relu6]`` (what
+:func:`topi_bn.fold.fold_batch_norm` leaves behind, and any conv2d not fused with a batch-norm)
+into :func:`topi_bn.compute.conv2d_shift_act`; without an add, the shift is a zero constant,
+:math:`y = \\mathrm{act}(\\mathrm{conv}(x, w) + 0)`, exactly the conv (so every conv of a
+topi-bn build runs on the scheduled topi-bn conv kernel).
 
 A chain is left alone when an intermediate value has another consumer (the conv output, the bias
 add, the normalized output before the activation) or is a function output, when BN's mean/var
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -90,7 +93,7 @@ class _Chain:
     bn: relax.Call | None
     shift: relax.Expr | None
     activation: str
-    inner: relax.Var | None = None  # the activation's input, when there is an activation
+    absorbed: tuple = ()  # the chain's intermediate variables (rewritten into the kernel)
 
 
 class _Matcher:
@@ -132,7 +135,11 @@ class _Matcher:
         """The conv2d bound to ``var`` when it can head a fused kernel, else None."""
         if not self.single_use(var):
             return None
-        call = self.bound(var)
+        return self.conv_call(self.bound(var))
+
+    @staticmethod
+    def conv_call(call):
+        """``call`` when it is a conv2d that a topi-bn conv kernel computes, else None."""
         if _op(call) != "relax.nn.conv2d":
             return None
         a = call.attrs
@@ -144,19 +151,26 @@ class _Matcher:
         return call
 
     def conv_and_bias(self, var):
-        """``(conv, bias or None)`` for ``var = conv2d(...)`` or ``var = add(conv2d(...), b)``."""
-        conv = self.conv(var)
-        if conv is not None:
-            return conv, None
+        """``(conv, bias or None, absorbed vars)`` for ``var = conv2d(...)`` or
+        ``var = add(conv2d(...), b)``."""
         if not self.single_use(var):
             return None
-        add = self.bound(var)
-        if _op(add) != "relax.add":
+        found = self.conv_plus_vector(self.bound(var))
+        return None if found is None else (found[0], found[1], (var,) + found[2])
+
+    def conv_plus_vector(self, value):
+        """``(conv, vector or None, absorbed vars)`` for ``value = conv2d(...)`` or
+        ``value = add(c, b)`` with ``c = conv2d(...)`` (used once) and ``b`` one value per
+        output channel."""
+        conv = self.conv_call(value)
+        if conv is not None:
+            return conv, None, ()
+        if _op(value) != "relax.add":
             return None
-        for c, b in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
+        for c, b in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
             conv = self.conv(c)
             if conv is not None and _channel_vector_shape(b, conv) is not None:
-                return conv, b
+                return conv, b, (c,)
         return None
 
     def bn_chain(self, value) -> _Chain | None:
@@ -175,25 +189,27 @@ class _Matcher:
         found = self.conv_and_bias(bn.args[0])
         if found is None:
             return None
-        conv, bias = found
+        conv, bias, absorbed = found
         out_shape = _static_shape(bn.args[0])
         axis = int(bn.attrs.axis) % len(out_shape)
         if axis != _channel_axis(conv):
             return None
-        return _Chain(conv, bias, bn, None, act, inner)
+        return _Chain(conv, bias, bn, None, act, _vars(inner, bn_var) + absorbed)
 
     def shift_chain(self, value) -> _Chain | None:
         split = self.split_act(value)
         if split is None:
             return None
-        act, add, inner = split
-        if _op(add) != "relax.add":
+        act, below, inner = split
+        found = self.conv_plus_vector(below)
+        if found is None:
             return None
-        for c, b in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
-            conv = self.conv(c)
-            if conv is not None and _channel_vector_shape(b, conv) is not None:
-                return _Chain(conv, None, None, b, act, inner)
-        return None
+        conv, shift, absorbed = found
+        return _Chain(conv, None, None, shift, act, _vars(inner) + absorbed)
+
+
+def _vars(*vs) -> tuple:
+    return tuple(v for v in vs if v is not None)
 
 
 def _channel_axis(conv: relax.Call) -> int:
@@ -256,7 +272,11 @@ class _Rewriter(relax.PyExprMutator):
                             eps=float(bn.attrs.epsilon), activation=chain.activation,
                             name="topi_bn_conv2d_bn_relu", **kwargs)
         else:
-            call = _emit_te(self.builder_, conv2d_shift_act, x, w, self._vector(chain.shift, k),
+            if chain.shift is not None:
+                shift = self._vector(chain.shift, k)
+            else:  # a conv without a bias: adding zeros leaves it exact
+                shift = relax.const(np.zeros(k, str(conv.args[0].ty.dtype)))
+            call = _emit_te(self.builder_, conv2d_shift_act, x, w, shift,
                             activation=chain.activation, name="topi_bn_conv2d_shift_act",
                             **kwargs)
         call = self.builder_.normalize(call)
@@ -279,9 +299,9 @@ def _rewrite(mod: tvm.IRModule, find) -> tvm.IRModule:
             if chain is not None:
                 chains[var] = chain
         for chain in list(chains.values()):
-            # the longer chain (with the activation) wins over the one ending below it
-            if chain.inner is not None:
-                chains.pop(chain.inner, None)
+            # the longer chain (with the bias, the activation) wins over those ending below it
+            for var in chain.absorbed:
+                chains.pop(var, None)
         if not chains:
             continue
         rewriter = _Rewriter(mod, chains) if rewriter is None else rewriter
@@ -322,8 +342,8 @@ class FuseConvBatchNorm:
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.FuseConvShiftAct")
 class FuseConvShiftAct:
-    """Module pass: conv2d -> add(per-channel shift) -> [relu | relu6] into one
-    :func:`topi_bn.compute.conv2d_shift_act` kernel."""
+    """Module pass: conv2d [-> add(per-channel shift)] [-> relu | relu6] into one
+    :func:`topi_bn.compute.conv2d_shift_act` kernel (a zero shift without the add)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return fuse_conv_shift_act(mod)

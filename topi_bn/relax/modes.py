@@ -5,7 +5,8 @@
 =============  ==========================================================================
 ``fused``      conv2d [+ bias] -> BN -> [relu | relu6] becomes one ``conv2d_bn_relu`` kernel
                (:class:`~topi_bn.relax.fusion.FuseConvBatchNorm`); other BNs use the topi-bn
-               batch-norm kernels, fused with neighbours by FuseOps.
+               batch-norm kernels, fused with neighbours by FuseOps; the other convs
+               [+ bias] [+ act] become ``conv2d_shift_act`` kernels.
 ``folded``     BNs with constant parameters are folded into the conv weights
                (:func:`topi_bn.fold.fold_batch_norm`), then conv2d -> add(shift) -> [act]
                becomes one ``conv2d_shift_act`` kernel; BNs that cannot be folded are fused
@@ -14,8 +15,12 @@
                batch-norms are all in training mode, ``DecomposeOpsForTraining``) and TVM's own
                lowering of everything: the baseline. topi-bn's registration stays out of it.
 ``opaque``     each BN is one topi-bn kernel of its own, never unpacked nor fused with its
-               neighbours (back ends with a batch-norm instruction).
+               neighbours (back ends with a batch-norm instruction); the convs [+ bias]
+               [+ act] become ``conv2d_shift_act`` kernels (a zero shift without a bias).
 =============  ==========================================================================
+
+In every mode but ``unpacked``, each conv2d (NCHW/OIHW or NHWC/HWIO, static shapes) thus
+runs on topi-bn's scheduled conv kernels.
 
 Training-mode BNs are never folded nor fused into a conv (their statistics come from the
 batch); outside ``unpacked`` they run on the topi-bn training kernel.
@@ -136,6 +141,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     with legalize_options(schedule=False):
         if bn == "fused":
             mod = FuseConvBatchNorm()(mod)
+            mod = FuseConvShiftAct()(mod)  # the convs without a batch-norm
         elif bn == "folded":
             from topi_bn.fold import fold_batch_norm
 
@@ -156,6 +162,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
         else:  # opaque
             with legalize_options(opaque_batch_norm=True):
                 mod = _legalize_only(mod, {"relax.nn.batch_norm"})
+            mod = FuseConvShiftAct()(mod)  # the convs on topi-bn's scheduled kernel
     return mod.with_attr(MODE_ATTR, bn)
 
 
