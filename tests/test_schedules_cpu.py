@@ -228,8 +228,23 @@ def test_unknown_op_is_rejected():
         cpu.schedule_op("conv3d", sch, sch.get_sblock("conv"), resolve_target("x86"), False)
 
 
+@pytest.fixture
+def meta_schedule_logger_without_unnamed_handlers():
+    """MetaSchedule's logger set-up (``create_loggers``) crashes on an unnamed handler of the
+    ``tvm.s_tir.meta_schedule`` logger (``None.format``); pytest's log-capture handlers are
+    unnamed and can end up there once an earlier MetaSchedule run configured logging in the same
+    process. Keep them off for the call."""
+    import logging
+
+    lg = logging.getLogger("tvm.s_tir.meta_schedule")
+    saved = lg.handlers[:]
+    lg.handlers = [h for h in saved if h.get_name() is not None]
+    yield
+    lg.handlers = saved
+
+
 @pytest.mark.slow
-def test_metaschedule_tunes_the_template(tmp_path):
+def test_metaschedule_tunes_the_template(tmp_path, meta_schedule_logger_without_unnamed_handlers):
     from tvm.s_tir import meta_schedule as ms
 
     w = CASES[0]
