@@ -237,3 +237,26 @@ def test_shipped_x86_log_matches_the_computes(name):
         pytest.fail(f"no shipped log at {shipped_log_dir(target)}")
     _, applied = schedule_prim_func(workload_prim_func(name), target, tuning_logs="shipped")
     assert applied, f"shipped x86-avx512 log has no record for {name}: re-tune"
+
+
+def test_log_reads_are_reused_until_the_files_change(tmp_path):
+    """A build with unchanged logs reuses the last read; a changed or broken log is read (and
+    warned about) again."""
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning_db import TuningLogWarning, load_logs
+
+    t = resolve_target("x86")
+    log = copy_log(str(tmp_path / "log"))
+    first = load_logs([log], t)
+    assert load_logs([log], t) is first
+    assert load_logs([log], resolve_target("x86-avx2")) is not first  # another log key
+    records = os.path.join(log, "database_tuning_record.json")
+    lines = open(records).read().splitlines(keepends=True)
+    with open(records, "w") as f:
+        f.writelines(lines[:1])
+    again = load_logs([log], t)
+    assert again is not first and again.num_records < first.num_records
+    _corrupt(records)
+    for _ in range(2):
+        with pytest.warns(TuningLogWarning, match="database_tuning_record.json"):
+            load_logs([log], t)

@@ -180,8 +180,30 @@ def _run_time(rec) -> float:
     return sum(secs) / len(secs) if secs else float("inf")
 
 
+_CACHE: dict = {}
+_CACHE_SIZE = 4
+
+
+def _files_state(log_dirs: Sequence[str]) -> tuple:
+    """What identifies the logs' contents: path, size and modification time of each file."""
+    state = []
+    for d in log_dirs:
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            try:
+                st = os.stat(os.path.join(d, name))
+                state.append((d, name, st.st_size, st.st_mtime_ns))
+            except OSError:
+                state.append((d, name, None, None))
+    return tuple(state)
+
+
 def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
-    """Read the logs in ``log_dirs`` (highest priority first) into one in-memory database.
+    """Read the logs in ``log_dirs`` into one in-memory database, reusing the last reads.
+
+    Parsing the shipped x86 log takes seconds, and a benchmark or a model zoo builds many times
+    in one process: a read that raised no warning is kept (keyed by the files' size and
+    modification time and by the target's log key), so the next build with the same, unchanged
+    logs reuses it. A read that warned is not kept, so every build warns again.
 
     Parameters
     ----------
@@ -194,6 +216,26 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
     -------
     LoadedLogs
     """
+    from .targets import resolve_target, tuning_log_key
+
+    t = resolve_target(target)
+    key = (_files_state(log_dirs), t.kind.name, tuning_log_key(t))
+    if key in _CACHE:
+        return _CACHE[key]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = _read_logs(log_dirs, t)
+    for w in caught:  # re-issued to the caller's filters
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not caught:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = loaded
+    return loaded
+
+
+def _read_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
+    """Parse the logs in ``log_dirs`` (highest priority first) into one in-memory database."""
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.MemoryDatabase()
