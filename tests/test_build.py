@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tuning_helpers import (
-    TRIALS, WORKLOAD, assert_close, copy_log, dir_digest, run_prim_func, tuned_log_dir,
+    OTHER_KEY_TARGET, SAME_KEY_TARGET, TARGET, TRIALS, WORKLOAD, assert_close, copy_log,
+    dir_digest, run_prim_func, tuned_log_dir,
 )
 
 
@@ -53,16 +54,16 @@ def test_build_applies_the_best_record(log_dir, func, workload):
     from topi_bn.build import build, schedule_prim_func
 
     before = dir_digest(log_dir)
-    mod, applied = schedule_prim_func(func, "x86", tuning_logs=log_dir)
+    mod, applied = schedule_prim_func(func, TARGET, tuning_logs=log_dir)
     assert applied
     expected = _best_record_schedule(log_dir, func)
     assert tvm_ffi.structural_equal(mod["main"].without_attr("tirx.is_scheduled"),
                                     expected["main"])
-    default, applied_default = schedule_prim_func(func, "x86", tuning_logs=None)
+    default, applied_default = schedule_prim_func(func, TARGET, tuning_logs=None)
     assert not applied_default
     assert not tvm_ffi.structural_equal(mod["main"], default["main"])
 
-    lib = build(func, "x86", tuning_logs=log_dir)
+    lib = build(func, TARGET, tuning_logs=log_dir)
     assert_close(*run_prim_func(lib, workload))
     assert dir_digest(log_dir) == before  # a build never writes a log
 
@@ -80,7 +81,7 @@ def test_relax_build_applies_records_and_logs_missing(log_dir, workload, caplog)
     for logs, missing in ((log_dir, False), (None, True)):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="topi_bn"):
-            ex = build(mod, "x86", tuning_logs=logs)
+            ex = build(mod, TARGET, tuning_logs=logs)
         said = any("no tuning record for topi-bn kernel" in r.getMessage()
                    for r in caplog.records)
         assert said == missing, (logs, caplog.text)
@@ -112,12 +113,12 @@ def test_records_for_other_targets_are_not_applied(log_dir, func):
     from topi_bn.targets import resolve_target
     from topi_bn.tuning_db import load_logs
 
-    loaded = load_logs([log_dir], resolve_target("x86-avx2"))
+    loaded = load_logs([log_dir], resolve_target(OTHER_KEY_TARGET))
     assert loaded.num_records == 0
     assert loaded.skipped[log_dir]["other_target"] == TRIALS
-    assert not schedule_prim_func(func, "x86-avx2", tuning_logs=log_dir)[1]
+    assert not schedule_prim_func(func, OTHER_KEY_TARGET, tuning_logs=log_dir)[1]
     # same log key, other CPU: applies
-    assert schedule_prim_func(func, "x86-avx512", tuning_logs=log_dir)[1]
+    assert schedule_prim_func(func, SAME_KEY_TARGET, tuning_logs=log_dir)[1]
 
 
 def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
@@ -133,7 +134,7 @@ def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
                   key=lambda r: float(r.run_secs[0]))
     user = str(tmp_path / "user")
     merge_records(user, build_visible_mod(func), [slowest])
-    t = resolve_target("x86")
+    t = resolve_target(TARGET)
     first = load_logs([user, log_dir], t)
     assert first.num_records == 1 and first.skipped[log_dir]["shadowed"] >= 1
     (rec,) = first.database.get_all_tuning_records()
@@ -216,7 +217,7 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
             gv = bb.emit_output(out)
         bb.emit_func_output(gv)
     with caplog.at_level(logging.INFO, logger="topi_bn"):
-        ex = build(bb.get(), "x86", tuning_logs=log_dir)
+        ex = build(bb.get(), TARGET, tuning_logs=log_dir)
     assert "no tuning record" not in caplog.text
     ins = workload.random_inputs()
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in ins])
@@ -245,11 +246,11 @@ def test_log_reads_are_reused_until_the_files_change(tmp_path):
     from topi_bn.targets import resolve_target
     from topi_bn.tuning_db import TuningLogWarning, load_logs
 
-    t = resolve_target("x86")
+    t = resolve_target(TARGET)
     log = copy_log(str(tmp_path / "log"))
     first = load_logs([log], t)
     assert load_logs([log], t) is first
-    assert load_logs([log], resolve_target("x86-avx2")) is not first  # another log key
+    assert load_logs([log], resolve_target(OTHER_KEY_TARGET)) is not first  # another log key
     records = os.path.join(log, "database_tuning_record.json")
     lines = open(records).read().splitlines(keepends=True)
     with open(records, "w") as f:

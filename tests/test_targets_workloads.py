@@ -79,3 +79,59 @@ def test_cpu_targets_always_say_their_core_count():
     assert targets.resolve_target("arm/rasp4b64").attrs["mcpu"] == "cortex-a72"
     assert int(targets.resolve_target({"kind": "llvm"}).attrs["num-cores"]) == targets._host_cores()
     assert int(targets.resolve_target({"kind": "llvm", "num-cores": 7}).attrs["num-cores"]) == 7
+
+
+# What an AVX2-only x86 CPU (AMD Zen 3) reports in /proc/cpuinfo, and an AVX-512 one (Zen 4):
+# the tests pretend to be each, whatever CPU they run on.
+ZEN3_FLAGS = {"sse", "sse2", "pni", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c",
+              "bmi1", "bmi2"}
+ZEN4_FLAGS = ZEN3_FLAGS | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl",
+                           "avx512_vnni", "avx512_bf16", "avx512vbmi", "avx512ifma"}
+
+
+@pytest.fixture
+def pretend_cpu(monkeypatch):
+    def pretend(flags):
+        monkeypatch.setattr(targets, "_cpu_flags", lambda: set(flags))
+        monkeypatch.setattr(targets.platform, "machine", lambda: "x86_64")
+    return pretend
+
+
+def test_host_can_run_follows_the_cpu_flags(pretend_cpu):
+    pretend_cpu(ZEN3_FLAGS)
+    assert targets.host_can_run("x86-avx2") == (True, "")
+    ok, why = targets.host_can_run("x86-avx512")
+    assert not ok and "avx512f" in why and "skylake-avx512" in why
+    assert not targets.host_can_run({"kind": "llvm", "mcpu": "znver4"})[0]
+    pretend_cpu(ZEN4_FLAGS)
+    assert targets.host_can_run("x86-avx512") == (True, "")
+    assert targets.host_can_run({"kind": "llvm", "mcpu": "znver4"}) == (True, "")
+    ok, why = targets.host_can_run({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert not ok and "amx-tile" in why  # AMX and AVX512-FP16: Intel only
+    ok, why = targets.host_can_run("arm")
+    assert not ok and "aarch64" in why
+
+
+def test_check_host_can_run_names_the_argument(pretend_cpu):
+    pretend_cpu(ZEN3_FLAGS)
+    with pytest.raises(ValueError, match=r"^--target: cannot run code for llvm skylake-avx512"):
+        targets.check_host_can_run("x86-avx512", "--target")
+    assert targets.check_host_can_run("x86-avx2").attrs["mcpu"] == "haswell"
+
+
+@pytest.mark.parametrize("argv", [["bench", "--quick", "--target", "x86-avx512"],
+                                  ["tune", "--target", "x86-avx512", "--trials", "1"],
+                                  ["tune", "--target", "arm", "--trials", "1"]])
+def test_cli_refuses_to_run_code_this_cpu_cannot_execute(pretend_cpu, capsys, tmp_path, argv):
+    """No SIGILL: running (benchmarking, measuring candidates) for an ISA the host lacks is
+    refused up front with one line; building for it stays allowed."""
+    from topi_bn import cli
+
+    pretend_cpu(ZEN3_FLAGS)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv + (["--out", str(tmp_path)] if argv[0] == "bench" else
+                         ["--log-dir", str(tmp_path / "log")]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--target" in err and "cannot" in err and "Traceback" not in err
+    assert not (tmp_path / "log").exists()

@@ -866,17 +866,18 @@ def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,
     return results
 
 
-def resolve_bench_target(target, threads: int):
+def resolve_bench_target(target, threads: int, arg_name: str = "target"):
     """``target`` as a ``tvm.target.Target`` of this machine's CPU with ``num-cores`` set to
     ``threads`` (benchmarks run here, so only CPU targets are accepted)."""
     import tvm
 
-    from .targets import resolve_target
+    from .targets import check_host_can_run, resolve_target
 
-    target = resolve_target(target)
+    target = resolve_target(target, arg_name)
     if target.kind.name != "llvm":
-        raise ValueError(f"target: benchmarks run on this machine's CPU (an llvm target); got "
-                         f"kind {target.kind.name!r}")
+        raise ValueError(f"{arg_name}: benchmarks run on this machine's CPU (an llvm target); "
+                         f"got kind {target.kind.name!r}")
+    check_host_can_run(target, arg_name)  # code for an ISA this CPU lacks would die with SIGILL
     cfg = dict(target.export())
     cfg["num-cores"] = threads
     for k in ("keys", "tag", "features"):
@@ -1206,9 +1207,9 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
         except ValueError as err:
             error(f"--workload: {err}")
     try:
-        resolve_bench_target(args.target, 1)
+        resolve_bench_target(args.target, 1, "--target")
     except (ValueError, TypeError) as err:
-        error(f"--target: {err}")
+        error(str(err))
 
 
 def _safe_write(path: str, text: str | bytes) -> None:

@@ -65,6 +65,13 @@ def _tune_check(args, fail: Callable[[str], None]):
         fail(str(err).replace("workloads:", "--workloads:", 1))
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         fail("--rpc-tracker and --rpc-key go together")
+    if args.rpc_tracker is None:  # candidates are measured on this machine
+        from .targets import host_can_run
+
+        ok, why = host_can_run(target)
+        if not ok:
+            fail(f"--target: cannot measure {args.target!r} on this machine ({why}); tune it on "
+                 f"such a machine, or on a board through --rpc-tracker HOST:PORT --rpc-key KEY")
     if args.log_dir is None:
         args.log_dir = f"tuning_logs/{tuning_log_key(target)}"
     return target

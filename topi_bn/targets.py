@@ -16,6 +16,7 @@ below:
 from __future__ import annotations
 
 import os
+import platform
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from tvm.target import Target
 
 __all__ = [
     "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
-    "vector_bits", "vector_lanes", "num_cores",
+    "vector_bits", "vector_lanes", "num_cores", "host_can_run", "check_host_can_run",
 ]
 
 
@@ -195,3 +196,70 @@ def num_cores(target: Any) -> int:
     t = resolve_target(target)
     n = t.attrs.get("num-cores", 0)
     return int(n) if n else _host_cores()
+
+
+# LLVM feature name -> /proc/cpuinfo flag, for the x86 features code generation may use: a CPU
+# target whose features include one the host lacks builds fine but dies with SIGILL when run.
+_X86_FEATURE_FLAGS = {
+    "sse3": "pni", "ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "avx": "avx",
+    "avx2": "avx2", "fma": "fma", "f16c": "f16c", "bmi": "bmi1", "bmi2": "bmi2",
+    "avx512f": "avx512f", "avx512cd": "avx512cd", "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq", "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avx512vbmi": "avx512vbmi",
+    "avx512ifma": "avx512ifma", "avxvnni": "avx_vnni", "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
+}
+
+
+def host_can_run(target: Any) -> tuple[bool, str]:
+    """Whether code built for ``target`` runs on this machine, and if not, why.
+
+    A CPU target runs here when its architecture is this machine's and every vector extension
+    it enables (AVX2, FMA, AVX-512, AMX, ...) is in this CPU's flags. A CUDA target needs a
+    GPU that TVM sees. Building (cross-compiling) for any target is always allowed; only
+    running is refused.
+    """
+    from tvm.target import codegen
+
+    t = resolve_target(target)
+    if target_family(t) == "cuda":
+        try:
+            ok = bool(tvm.cuda(0).exist)
+        except Exception:  # no CUDA runtime in this TVM
+            ok = False
+        return ok, "" if ok else "no NVIDIA GPU is visible to TVM on this machine"
+    host = platform.machine().lower()
+    triple = str(t.attrs.get("mtriple", "") or "")
+    arch = triple.split("-")[0].lower() if triple else host
+    if arch in ("amd64", "x86-64"):
+        arch = "x86_64"
+    if arch != host and not (arch == "arm64" and host == "aarch64"):
+        return False, f"it is built for {arch} and this machine is {host}"
+    if host != "x86_64":
+        return True, ""
+    flags = _cpu_flags()
+    if not flags:  # cannot tell (no /proc/cpuinfo): let it run
+        return True, ""
+    missing = sorted(f for f in codegen.llvm_get_cpu_features(t)
+                     if f in _X86_FEATURE_FLAGS and _X86_FEATURE_FLAGS[f] not in flags)
+    if missing:
+        mcpu = t.attrs.get("mcpu", "") or "generic"
+        return False, (f"it uses {', '.join(missing)} (mcpu {mcpu}), which this CPU "
+                       f"({_host_mcpu()}) lacks")
+    return True, ""
+
+
+def check_host_can_run(target: Any, arg_name: str = "target") -> Target:
+    """``target`` resolved, or a ``ValueError`` naming ``arg_name`` when code built for it
+    cannot run on this machine (see :func:`host_can_run`)."""
+    t = resolve_target(target, arg_name)
+    ok, why = host_can_run(t)
+    if not ok:
+        raise ValueError(f"{arg_name}: cannot run code for {_describe(t)} on this machine: {why}; "
+                         f"build for it elsewhere, or use 'x86' (this CPU)")
+    return t
+
+
+def _describe(t: Target) -> str:
+    mcpu = t.attrs.get("mcpu", "")
+    return f"{t.kind.name} {mcpu}".strip() if mcpu else t.kind.name
