@@ -120,3 +120,33 @@ def test_blocks_are_tagged_for_the_schedules():
     assert dw.op.attrs["schedule_rule"] == "topi_bn.depthwise_conv2d_bn_relu"
     conv = fused.op.input_tensors[0]
     assert conv.op.name == "conv" and conv.op.attrs["schedule_rule"] == "topi_bn.conv2d_bn_relu"
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_nan_propagates_through_the_activation(rng, activation, scheduled):
+    """A NaN input gives NaN outputs where its window reaches, as in PyTorch and ONNX Runtime
+    (``max(x, 0)`` in LLVM would turn it into 0); elsewhere the outputs are unchanged."""
+    import tvm
+
+    from topi_bn.targets import host_can_run
+
+    arrays = _problem(rng, "NCHW", 1, 4, 8, 8, 8, 3, 3, 1, "float32")
+    arrays["data"][0, 1, 2, 3] = np.nan
+    ph = _placeholders(arrays)
+    out = topi_bn.conv2d_bn_relu(*ph.values(), padding=1, activation=activation)
+    if scheduled:
+        if not host_can_run("x86-avx2")[0]:
+            pytest.skip("this CPU cannot run x86-avx2 code")
+        lib = topi_bn.build(te.create_prim_func(list(ph.values()) + [out]), "x86-avx2",
+                            tuning_logs=None)
+        res = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], "float32"))
+        lib["main"](*[tvm.runtime.tensor(a) for a in arrays.values()], res)
+        got = res.numpy()
+    else:
+        (got,) = run_te(list(ph.values()), out, list(arrays.values()))
+    expect = ref.conv2d_bn_relu(*arrays.values(), padding=1, activation=activation)
+    assert np.isnan(expect).sum() == 8 * 9  # every output channel, the 3x3 window around (2, 3)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
+    ok = ~np.isnan(expect)
+    assert_close(got[ok], expect[ok], "float32")

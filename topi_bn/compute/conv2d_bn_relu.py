@@ -20,6 +20,7 @@ from typing import Any
 import tvm
 from tvm import te
 
+from .activation import activation
 from ..checks import (
     cast as _cast,
     ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps,
@@ -196,10 +197,6 @@ def _conv_epilogue(data, weight, geo: ConvGeometry, scale, shift, act: str, out_
         k = a if nchw else c
         v = conv[n, a, b, c]
         v = v * scale[k] + _cast(shift[k], acc) if scale is not None else v + _cast(shift[k], acc)
-        if act in ("relu", "relu6"):
-            v = te.max(v, tvm.tirx.const(0, acc))
-        if act == "relu6":
-            v = te.min(v, tvm.tirx.const(6, acc))
-        return _cast(v, out_dtype)
+        return _cast(activation(v, act), out_dtype)
 
     return te.compute(geo.out_shape, act_fn, name="bn_act", attrs=attrs)
