@@ -270,7 +270,7 @@ class _Rewriter(relax.PyExprMutator):
             call = _emit_te(self.builder_, conv2d_bn_relu, x, w, gamma, beta,
                             self._vector(mean, k), self._vector(var, k), bias,
                             eps=float(bn.attrs.epsilon), activation=chain.activation,
-                            name="topi_bn_conv2d_bn_relu", **kwargs)
+                            name="topi_bn_conv2d_bn_relu", describe=True, **kwargs)
         else:
             if chain.shift is not None:
                 shift = self._vector(chain.shift, k)
@@ -278,7 +278,7 @@ class _Rewriter(relax.PyExprMutator):
                 shift = relax.const(np.zeros(k, str(conv.args[0].ty.dtype)))
             call = _emit_te(self.builder_, conv2d_shift_act, x, w, shift,
                             activation=chain.activation, name="topi_bn_conv2d_shift_act",
-                            **kwargs)
+                            describe=True, **kwargs)
         call = self.builder_.normalize(call)
         if _static_shape(call) != _static_shape(binding.var) \
                 or str(call.ty.dtype) != str(binding.var.ty.dtype):

@@ -34,9 +34,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..targets import resolve_target
+from ..targets import resolve_target, target_family
+from .blocked import BlockedLayout
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
-from .registration import MODE_ATTR, OPS, legalize_options
+from .registration import MODE_ATTR, OPS, StripKernelDescriptions, legalize_options
 
 __all__ = ["BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
            "bind_params"]
@@ -198,9 +199,13 @@ def _backend_pipeline(target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-def pipeline(target: Any, database=None) -> tvm.transform.Pass:
+def pipeline(target: Any, database=None, blocked_layout: bool = True) -> tvm.transform.Pass:
     """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
 
+    - for a module of mode ``fused`` or ``folded`` and a CPU (x86, ARM) ``target``, first the
+      whole network in the blocked channel layout (:class:`~topi_bn.relax.blocked.BlockedLayout`:
+      blocked conv kernels with weights packed at build time, residual adds fused into them,
+      the ops between them blocked); ``blocked_layout=False`` keeps the NCHW kernels;
     - legalization through the topi-bn registration, without scheduling at legalize time,
       so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
       a module of mode ``unpacked`` is lowered by TVM alone;
@@ -208,9 +213,16 @@ def pipeline(target: Any, database=None) -> tvm.transform.Pass:
       the default schedules of every remaining topi-bn PrimFunc, then (GPU) dlight for the rest.
     """
     target = resolve_target(target)
+    if not isinstance(blocked_layout, bool):
+        raise TypeError(f"blocked_layout: expected a bool, got {type(blocked_layout).__name__}")
     rp = _backend_pipeline(target)
+    cpu = target_family(target) in ("x86", "arm")
 
-    def passes():
+    def passes(mode: str):
+        first = []
+        if blocked_layout and cpu and mode in ("fused", "folded"):
+            first.append(BlockedLayout(target))
+        first.append(StripKernelDescriptions())
         legalize = list(rp.legalize_passes(target))
         names = [p.info.name for p in legalize]
         at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)
@@ -219,14 +231,14 @@ def pipeline(target: Any, database=None) -> tvm.transform.Pass:
             ours.append(relax.transform.MetaScheduleApplyDatabase())
         ours.append(ApplyDefaultSchedules(target))
         legalize[at:at] = ours
-        return (list(rp.library_dispatch_passes(target)) + legalize
+        return (first + list(rp.library_dispatch_passes(target)) + legalize
                 + list(rp.dataflow_lower_passes(target)) + list(rp.finalize_passes(target)))
 
     @tvm.transform.module_pass(opt_level=0, name="topi_bn.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        unpacked = mod.attrs is not None and str(mod.attrs.get(MODE_ATTR, "")) == "unpacked"
-        with target, legalize_options(schedule=False, active=not unpacked):
-            seq = tvm.transform.Sequential(passes())
+        mode = str(mod.attrs.get(MODE_ATTR, "")) if mod.attrs is not None else ""
+        with target, legalize_options(schedule=False, active=mode != "unpacked"):
+            seq = tvm.transform.Sequential(passes(mode))
             if database is not None:
                 with database:
                     return seq(mod)
@@ -235,7 +247,8 @@ def pipeline(target: Any, database=None) -> tvm.transform.Pass:
     return _pipeline
 
 
-def lower(mod: tvm.IRModule, target: Any, database=None) -> relax.VMExecutable:
+def lower(mod: tvm.IRModule, target: Any, database=None,
+          blocked_layout: bool = True) -> relax.VMExecutable:
     """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`.
 
     Returns the executable: ``relax.VirtualMachine(lower(mod, target), dev)``.
@@ -243,4 +256,5 @@ def lower(mod: tvm.IRModule, target: Any, database=None) -> relax.VMExecutable:
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
     target = resolve_target(target)
-    return tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database))
+    return tvm.compile(mod, target=target,
+                       relax_pipeline=pipeline(target, database, blocked_layout))

@@ -45,7 +45,8 @@ from ..compute import batch_norm_infer, batch_norm_train, layer_norm
 __all__ = [
     "register", "unregister", "is_registered", "tvm_lowering", "legalize_options",
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
-    "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS",
+    "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "KERNEL_ATTR",
+    "kernel_description", "StripKernelDescriptions",
 ]
 
 #: Module attribute naming the running-statistics convention of training batch-norms.
@@ -53,6 +54,9 @@ BN_CONVENTION_ATTR = "topi_bn.bn_convention"
 #: Module attribute set by :func:`topi_bn.relax.apply_bn_mode`; ``"unpacked"`` modules are lowered
 #: by TVM alone, even through a plain ``tvm.compile``.
 MODE_ATTR = "topi_bn.bn_mode"
+#: PrimFunc attribute of the kernels emitted with ``describe=True``: what they compute
+#: (:func:`kernel_description`).
+KERNEL_ATTR = "topi_bn.kernel"
 #: ``relay.OpPatternKind.kOpaque``: FuseOps never fuses a function with this pattern.
 OP_PATTERN_OPAQUE = 8
 _LEVEL = 11
@@ -114,9 +118,15 @@ def schedule_primfunc(func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | No
 
 
 def _emit_te(bb: relax.BlockBuilder, te_func: Callable, *args, name: str, opaque: bool = False,
-             **kwargs) -> relax.Expr:
-    """``bb.call_te`` that schedules the PrimFunc first when a target is current."""
+             describe: bool = False, **kwargs) -> relax.Expr:
+    """``bb.call_te`` that schedules the PrimFunc first when a target is current.
+
+    With ``describe=True`` the PrimFunc carries :data:`KERNEL_ATTR` (see
+    :func:`kernel_description`), so that a later pass can re-emit the call with another compute
+    (:mod:`topi_bn.relax.blocked`)."""
     tir_func, call_args, out_ty = gen_call_tir_inputs(te_func, *args, **kwargs)
+    if describe:
+        tir_func = tir_func.with_attr(KERNEL_ATTR, _describe(te_func, args, kwargs))
     opts = _options()
     target = tvm.target.Target.current(allow_none=True)
     if opts.schedule and target is not None:
@@ -129,6 +139,56 @@ def _emit_te(bb: relax.BlockBuilder, te_func: Callable, *args, name: str, opaque
     # add_func deduplicates structurally equal functions, scheduled ones included
     gvar = bb.add_func(tir_func, name)
     return relax.call_tir(gvar, call_args, out_ty)
+
+
+def _describe(te_func: Callable, args, kwargs) -> dict:
+    import inspect
+
+    names = list(inspect.signature(te_func).parameters)
+    tensors = [n for n, a in zip(names, args) if a is not None]
+    tensors += [k for k, v in kwargs.items() if isinstance(v, relax.Expr)]
+    options = {k: v for k, v in kwargs.items() if v is not None and not isinstance(v, relax.Expr)}
+    return {"compute": te_func.__name__, "tensors": tensors, "options": options}
+
+
+def kernel_description(func: tvm.tirx.PrimFunc) -> dict | None:
+    """What a PrimFunc emitted with ``describe=True`` computes, or None for any other function:
+    ``{"compute": name in topi_bn.compute, "tensors": [argument names, in the order of the
+    call_tir's arguments], "options": {keyword: value}}`` (options with Python values: ints,
+    floats, strings, tuples of ints)."""
+    attrs = func.attrs
+    if attrs is None or KERNEL_ATTR not in attrs:
+        return None
+    d = attrs[KERNEL_ATTR]
+    return {"compute": str(d["compute"]), "tensors": [str(t) for t in d["tensors"]],
+            "options": {str(k): _from_attr(v) for k, v in d["options"].items()}}
+
+
+@tvm.transform.module_pass(opt_level=0, name="topi_bn.StripKernelDescriptions")
+class StripKernelDescriptions:
+    """Module pass: drop :data:`KERNEL_ATTR` from every PrimFunc (it has served once the graph
+    passes ran; a tuning record matches a kernel only without it)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        described = [gv for gv, f in mod.functions_items()
+                     if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+                     and KERNEL_ATTR in f.attrs]
+        if not described:
+            return mod
+        out = mod.clone()
+        for gv in described:
+            out.update_func(gv, mod[gv].without_attr(KERNEL_ATTR))
+        return out
+
+
+def _from_attr(v):
+    """An attribute value as a Python value (ints, floats and strings as they are, arrays as
+    tuples)."""
+    if isinstance(v, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return v.value
+    if isinstance(v, (str, int, float)):
+        return v
+    return tuple(_from_attr(x) for x in v)
 
 
 # ----------------------------------------------------------------------------- lowering

@@ -1,0 +1,529 @@
+"""Whole networks in the blocked channel layout (NCHW[x]c) on CPU targets.
+
+:class:`BlockedLayout` runs in :func:`topi_bn.relax.pipeline` for ``bn="fused"`` and
+``bn="folded"`` builds on x86 and ARM targets, after the fusion passes have turned every conv
+chain into a topi-bn NCHW kernel (whose PrimFunc describes itself,
+:func:`~topi_bn.relax.registration.kernel_description`). It rewrites, in one walk over each
+function:
+
+- every NCHW conv kernel into its blocked twin (:func:`topi_bn.compute.conv2d_bn_act_nchwc`,
+  :func:`~topi_bn.compute.conv2d_shift_act_nchwc`): data in NCHW[cb]c, the output in
+  NCHW[kb]c, the weight packed to OIHW[cb]i[kb]o. A constant weight (``params`` bound, or the
+  frontends' default) is packed here, by the build, in NumPy (:func:`topi_bn.layouts.pack_weight`);
+  in ``bn="folded"`` that is the weight with the BN scale folded in. A weight that is a function
+  parameter is packed at run time by a ``layout_transform`` on every call: bind it
+  (``topi_bn.build(..., params=...)``) to pack it once;
+- ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
+  there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
+  epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
+- ops with a blocked form into that form when their input is blocked: elementwise activations
+  (ReLU, ReLU6 = ``clip(0, 6)``, sigmoid, ...), elementwise binary ops whose other operand has the
+  same shape, is a scalar or one value per channel, max and average pooling, adaptive average
+  pooling, and mean/sum/max/min over the spatial axes (global pooling; without ``keepdims`` the
+  result is (N, C), read straight from the blocked tensor).
+
+Every other use of a blocked value reads it in NCHW, converted once per value where it is first
+needed (a ``layout_transform``; a ``reshape`` when H = W = 1, where NCHW[x]c and NCHW hold the
+same bytes: the flatten after a global pool costs nothing). Values that leave their dataflow
+block (the function's outputs) are converted where they are defined. A network thus has
+``layout_transform``s only at its inputs (the 3-channel stem image is converted once, to
+NCHW3c) and outputs and around ops with no blocked form.
+
+Block sizes come from :class:`topi_bn.layouts.ChannelBlocking` of the target, read once: a
+tensor of C channels is blocked by ``blocking.block(C)``, whoever makes or reads it, so a conv's
+output block is its consumer's input block. A grouped conv whose channels per group the block
+does not divide uses the largest common block (and its input is re-blocked); see
+:mod:`topi_bn.layouts` for channels the lanes do not divide.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te
+from tvm.ir.expr import Constant
+
+from ..compute import conv2d_bn_act_nchwc, conv2d_shift_act_nchwc
+from ..layouts import ChannelBlocking, data_index_map, pack_weight, weight_index_map
+from ..targets import resolve_target, target_family
+from .registration import _emit_te, kernel_description
+
+__all__ = ["BlockedLayout", "to_blocked_layout", "BLOCKED_COMPUTES"]
+
+#: NCHW kernel (``kernel_description``'s ``compute``) -> its blocked twin and the names of its
+#: per-channel tensors, in the order of the twin's arguments after ``data`` and ``weight``.
+BLOCKED_COMPUTES = {
+    "conv2d_bn_relu": (conv2d_bn_act_nchwc, ("gamma", "beta", "mean", "var", "bias")),
+    "conv2d_shift_act": (conv2d_shift_act_nchwc, ("shift",)),
+}
+_CONV_OPTIONS = ("strides", "padding", "dilation", "groups", "eps", "activation", "out_dtype")
+
+_UNARY = frozenset({
+    "relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
+    "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu", "relax.nn.selu",
+    "relax.nn.softplus", "relax.exp", "relax.negative", "relax.abs", "relax.sqrt",
+    "relax.rsqrt", "relax.erf", "relax.astype",
+})
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide",
+                     "relax.maximum", "relax.minimum", "relax.power"})
+_POOLS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
+_REDUCE = frozenset({"relax.mean", "relax.sum", "relax.max", "relax.min"})
+
+
+# -- small helpers ---------------------------------------------------------------------------------
+def _op(expr) -> str | None:
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def _shape(expr) -> tuple[int, ...] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _activation(value) -> str | None:
+    """``"relu"`` / ``"relu6"`` when ``value`` is ``relu(x)`` / ``clip(x, 0, 6)``, else None."""
+    name = _op(value)
+    if name == "relax.nn.relu":
+        return "relu"
+    if name == "relax.clip":
+        lo, hi = value.args[1], value.args[2]
+        bounds = [float(b.value) if isinstance(b, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) else None
+                  for b in (lo, hi)]
+        if bounds == [0.0, 6.0]:
+            return "relu6"
+    return None
+
+
+def _to_nchw_map(block: int):
+    return lambda n, co, h, w, ci: (n, co * block + ci, h, w)
+
+
+@relax.expr_functor.visitor
+class _Refs(relax.PyExprVisitor):
+    """Every variable reference in an expression, with repeats."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: list = []
+
+    def visit_var_(self, var):
+        self.refs.append(var)
+
+    def visit_dataflow_var_(self, var):
+        self.refs.append(var)
+
+
+def _refs(expr) -> list:
+    v = _Refs()
+    v.visit_expr(expr)
+    return v.refs
+
+
+# -- the plan --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _ConvSpec:
+    """How one NCHW conv kernel runs blocked."""
+
+    compute: Any
+    tensors: dict  # argument name -> expression of the NCHW call
+    options: dict  # keyword arguments of the blocked compute
+    in_block: int
+    out_block: int
+    weight_in_block: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Residual:
+    """``out = act(add(conv, other))`` as one kernel, emitted at the add."""
+
+    conv: relax.Var
+    other: relax.Expr
+    activation: str
+    out: relax.Var
+
+
+class _Plan:
+    """What the walk over one function does: the conv kernels it converts, the residual adds it
+    fuses into them (and the bindings they absorb), the variables that leave their block."""
+
+    def __init__(self, mod: tvm.IRModule, func: relax.Function, blocking: ChannelBlocking):
+        self.mod, self.blocking = mod, blocking
+        self.value: dict = {}
+        self.count: dict = {}
+        self.users: dict = {}
+        self.block_of: dict = {}
+        used_in: dict = {}
+        body = func.body
+        blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
+        for i, block in enumerate(blocks):
+            for b in block.bindings:
+                self.value[b.var] = b.value
+                self.block_of[b.var] = i
+                for r in _refs(b.value):
+                    self.count[r] = self.count.get(r, 0) + 1
+                    self.users.setdefault(r, []).append(b.var)
+                    used_in.setdefault(r, set()).add(i)
+        for r in _refs(body.body if isinstance(body, relax.SeqExpr) else body):
+            self.count[r] = self.count.get(r, 0) + 1
+            used_in.setdefault(r, set()).add(-1)
+        self.top = set(self.value)
+        # used by a later block or the function's result: converted back where defined
+        self.escaping = {v for v, where in used_in.items()
+                         if v in self.block_of and where - {self.block_of[v]}}
+        self.convs: dict = {}
+        for var, value in self.value.items():
+            spec = self._conv_spec(value)
+            if spec is not None:
+                self.convs[var] = spec
+        self.residual: dict = {}
+        self.skip: set = set()
+        for var, value in self.value.items():
+            found = self._residual(var, value)
+            if found is not None:
+                self.residual[var] = found
+                self.skip.add(found.conv)
+                if found.out is not var:
+                    self.skip.add(found.out)
+
+    # -- conv kernels ------------------------------------------------------------------------------
+    def _conv_spec(self, call) -> _ConvSpec | None:
+        if not isinstance(call, relax.Call) or call.op != tvm.ir.Op.get("relax.call_tir"):
+            return None
+        gv = call.args[0]
+        func = self.mod[gv] if isinstance(gv, tvm.ir.GlobalVar) else None
+        desc = kernel_description(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if desc is None or desc["compute"] not in BLOCKED_COMPUTES \
+                or desc["options"].get("layout", "NCHW") != "NCHW":
+            return None
+        args = list(call.args[1].fields)
+        if len(args) != len(desc["tensors"]):
+            return None
+        tensors = dict(zip(desc["tensors"], args))
+        data, weight = _shape(tensors["data"]), _shape(tensors["weight"])
+        out = _shape(call)
+        if data is None or weight is None or out is None or len(data) != 4 or len(out) != 4:
+            return None
+        c, k, cg = data[1], weight[0], weight[1]
+        groups = int(desc["options"].get("groups", 1))
+        depthwise = cg == 1 and groups > 1
+        cb, kb = self.blocking.block(c), self.blocking.block(k)
+        if not depthwise:
+            cb, kb = math.gcd(cb, cg), math.gcd(kb, k // groups)
+        wcb = 1 if depthwise else cb
+        compute, _ = BLOCKED_COMPUTES[desc["compute"]]
+        options = {k_: v for k_, v in desc["options"].items() if k_ in _CONV_OPTIONS}
+        spec = _ConvSpec(compute, tensors, options, cb, kb, wcb)
+        return spec if _compute_accepts(spec, data, weight, out) else None
+
+    # -- residual adds -----------------------------------------------------------------------------
+    def _single_use(self, var) -> bool:
+        return self.count.get(var, 0) == 1 and var not in self.escaping
+
+    def _residual(self, var, value) -> _Residual | None:
+        if _op(value) != "relax.add":
+            return None
+        a, b = value.args
+        for conv, other in ((a, b), (b, a)):
+            spec = self.convs.get(conv)
+            if spec is None or spec.options.get("activation", "relu") != "none" \
+                    or not self._single_use(conv) or conv is other \
+                    or self.block_of[conv] != self.block_of[var] \
+                    or _shape(other) != _shape(conv) or _dtype(other) != _dtype(conv):
+                continue
+            act, out = "none", var
+            if self._single_use(var):
+                user = self.users[var][0]
+                found = _activation(self.value[user])
+                if found is not None and self.block_of[user] == self.block_of[var]:
+                    act, out = found, user
+            return _Residual(conv, other, act, out)
+        return None
+
+
+def _compute_accepts(spec: _ConvSpec, data, weight, out) -> bool:
+    """Whether the blocked compute takes these shapes (its own checks, on placeholders)."""
+    n, c, h, w = data
+    k, cg, kh, kw = weight
+    cb, kb, wcb = spec.in_block, spec.out_block, spec.weight_in_block
+    dtype = _dtype(spec.tensors["data"])
+    pos = [te.placeholder((n, c // cb, h, w, cb), dtype, "data"),
+           te.placeholder((k // kb, cg // wcb, kh, kw, wcb, kb), dtype, "weight")]
+    _, names = _names_of(spec)
+    for name in names:
+        t = spec.tensors.get(name)
+        pos.append(None if t is None else te.placeholder(_shape(t), _dtype(t), name))
+    try:
+        spec.compute(*pos, **spec.options)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _names_of(spec: _ConvSpec):
+    for compute, names in BLOCKED_COMPUTES.values():
+        if compute is spec.compute:
+            return compute, names
+    raise KeyError(spec.compute)
+
+
+# -- the rewrite -----------------------------------------------------------------------------------
+@relax.expr_functor.mutator
+class _ToBlocked(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, blocking: ChannelBlocking):
+        super().__init__(mod)
+        self.blocking = blocking
+        self.plan: _Plan | None = None
+        self._reset()
+
+    def _reset(self):
+        self.blocked: dict = {}      # original var -> (block, blocked var)
+        self.nchw: dict = {}         # original var -> its NCHW var, once converted back
+        self.reblocked: dict = {}    # (original var, block) -> blocked var made from NCHW
+
+    # a dataflow variable never leaves its block: start each block afresh
+    def visit_dataflow_block_(self, block):
+        self._reset()
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block):
+        self._reset()
+        return super().visit_binding_block_(block)
+
+    # -- layouts -----------------------------------------------------------------------------------
+    def _emit(self, expr, name: str = ""):
+        return self.builder_.emit(expr, name_hint=name) if name else self.builder_.emit(expr)
+
+    def to_nchw(self, var):
+        """``var``'s value in NCHW (its own variable unless it was blocked)."""
+        if var not in self.blocked:
+            return self.visit_expr(var)
+        if var not in self.nchw:
+            block, blk = self.blocked[var]
+            self.nchw[var] = self._emit(self._unblock(blk, block, _shape(var)), var.name)
+            self.set_var_remap(var, self.nchw[var])
+        return self.nchw[var]
+
+    @staticmethod
+    def _unblock(blk, block: int, shape):
+        bshape = _shape(blk)
+        if bshape is not None and len(bshape) == 5 and bshape[2] * bshape[3] == 1:
+            return relax.op.reshape(blk, shape)  # the same bytes
+        return relax.op.layout_transform(blk, _to_nchw_map(block))
+
+    def to_blocked(self, expr, block: int):
+        """``expr`` (4-D NCHW in the original function) in NCHW[block]c."""
+        if isinstance(expr, relax.Var):
+            found = self.blocked.get(expr)
+            if found is not None and found[0] == block:
+                return found[1]
+            key = (expr, block)
+            if key not in self.reblocked:
+                self.reblocked[key] = self._emit(relax.op.layout_transform(
+                    self.to_nchw(expr), data_index_map(block)))
+            return self.reblocked[key]
+        return self._emit(relax.op.layout_transform(self.visit_expr(expr), data_index_map(block)))
+
+    def _bind_blocked(self, var, expr, block: int) -> None:
+        blk = self._emit(expr)
+        self.blocked[var] = (block, blk)
+        if var in self.plan.escaping:
+            self._bind(var, self._unblock(blk, block, _shape(var)))
+            self.nchw[var] = var
+
+    def _bind(self, var, expr) -> None:
+        self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(expr)))
+
+    # -- convs -------------------------------------------------------------------------------------
+    def _pack(self, weight, spec: _ConvSpec):
+        groups = int(spec.options.get("groups", 1))
+        if isinstance(weight, Constant) and isinstance(weight.value, tvm.runtime.Tensor):
+            try:
+                packed = pack_weight(weight.value.numpy(), spec.in_block, spec.out_block, groups)
+                return relax.const(packed, _dtype(weight))
+            except (TypeError, ValueError):  # a dtype NumPy lacks: FoldConstant packs it
+                pass
+        return self._emit(relax.op.layout_transform(
+            self.visit_expr(weight), weight_index_map(spec.weight_in_block, spec.out_block)))
+
+    def _conv(self, spec: _ConvSpec, residual=None, activation: str | None = None):
+        compute, names = _names_of(spec)
+        t = spec.tensors
+        args = [self.to_blocked(t["data"], spec.in_block), self._pack(t["weight"], spec)]
+        args += [None if t.get(n) is None else self.visit_expr(t[n]) for n in names]
+        options = dict(spec.options)
+        if activation is not None:
+            options["activation"] = activation
+        if residual is not None:
+            options["residual"] = self.to_blocked(residual, spec.out_block)
+        return _emit_te(self.builder_, compute, *args, name=f"topi_bn_{compute.__name__}",
+                        **options)
+
+    # -- other ops ---------------------------------------------------------------------------------
+    def _layout_op(self, var, value) -> bool:
+        """Emit ``value`` in the blocked layout when it has a blocked form and a blocked input;
+        True when done."""
+        name = _op(value)
+        if name is None or not value.args or not isinstance(value.args[0], relax.Var):
+            return False
+        shape = _shape(var)
+        if name in _UNARY:
+            x = value.args[0]
+            if x not in self.blocked:
+                return False
+            block, blk = self.blocked[x]
+            args = [blk] + [self.visit_expr(a) for a in value.args[1:]]
+            self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.sinfo_args),
+                               block)
+            return True
+        if name in _BINARY:
+            return self._binary(var, value, shape)
+        x = value.args[0]
+        if x not in self.blocked or _shape(x) is None or len(_shape(x)) != 4:
+            return False
+        block, blk = self.blocked[x]
+        a = value.attrs
+        if name in _POOLS:
+            if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+                return False
+            layout = f"NCHW{block}c"
+            if name == "relax.nn.adaptive_avg_pool2d":
+                size = None if a.output_size is None else [int(s) for s in a.output_size]
+                new = relax.op.nn.adaptive_avg_pool2d(blk, size, layout=layout, out_layout=layout)
+            else:
+                pool = getattr(relax.op.nn, name.rsplit(".", 1)[1])
+                new = pool(blk, [int(s) for s in a.pool_size], [int(s) for s in a.strides],
+                           [int(p) for p in a.padding], [int(d) for d in a.dilation],
+                           bool(a.ceil_mode), bool(a.count_include_pad), layout=layout,
+                           out_layout=layout)
+            self._bind_blocked(var, new, block)
+            return True
+        if name in _REDUCE:
+            axes = None if a.axis is None else sorted(int(i) % 4 for i in a.axis)
+            if axes != [2, 3]:
+                return False
+            reduce = getattr(relax.op, name.rsplit(".", 1)[1])
+            if a.keepdims:
+                self._bind_blocked(var, reduce(blk, axis=[2, 3], keepdims=True), block)
+            else:  # (N, C/x, x) holds (N, C) in order
+                self._bind(var, relax.op.reshape(self._emit(reduce(blk, axis=[2, 3])), shape))
+            return True
+        return False
+
+    def _binary(self, var, value, shape) -> bool:
+        blocked = [x for x in value.args if isinstance(x, relax.Var) and x in self.blocked]
+        if not blocked or shape is None or len(shape) != 4:
+            return False
+        block = self.blocked[blocked[0]][0]
+        args = []
+        for x in value.args:
+            xs = _shape(x)
+            if xs == shape:
+                args.append(None)  # converted below, once all operands are known to fit
+            elif xs is not None and int(np.prod(xs)) == 1:
+                args.append(self.visit_expr(x))
+            elif xs is not None and xs[-3:] in ((shape[1], 1, 1),) and len(xs) in (3, 4) \
+                    and (len(xs) == 3 or xs[0] == 1):
+                per_channel = relax.op.reshape(self.visit_expr(x), (1, shape[1], 1, 1))
+                args.append(self._emit(relax.op.layout_transform(
+                    self._emit(per_channel), data_index_map(block))))
+            else:
+                return False
+        args = [self.to_blocked(x, block) if a is None else a for x, a in zip(value.args, args)]
+        self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.sinfo_args), block)
+        return True
+
+    # -- bindings ----------------------------------------------------------------------------------
+    def visit_var_binding_(self, binding):
+        var, value, plan = binding.var, binding.value, self.plan
+        if plan is None or var not in plan.top:
+            return self._as_is(binding)
+        if var in plan.skip:
+            return None  # emitted with the residual add that absorbs it
+        res = plan.residual.get(var)
+        if res is not None:
+            spec = plan.convs[res.conv]
+            self._bind_blocked(res.out, self._conv(spec, res.other, res.activation),
+                               spec.out_block)
+            return None
+        spec = plan.convs.get(var)
+        if spec is not None:
+            self._bind_blocked(var, self._conv(spec), spec.out_block)
+            return None
+        if self._layout_op(var, value):
+            return None
+        return self._as_is(binding)
+
+    def _as_is(self, binding):
+        for v in relax.analysis.free_vars(binding.value):
+            if v in self.blocked:
+                self.to_nchw(v)
+        return super().visit_var_binding_(binding)
+
+
+def to_blocked_layout(mod: tvm.IRModule, target: Any) -> tvm.IRModule:
+    """Apply :class:`BlockedLayout` for ``target`` to ``mod`` (which is not changed)."""
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
+    target = resolve_target(target)
+    if target_family(target) == "cuda":
+        raise ValueError(f"target: the blocked channel layout is for CPU targets, got "
+                         f"{target.kind.name}")
+    blocking = ChannelBlocking.for_target(target)
+    # see through what the frontends leave around pools (max_pool2d's (out, indices) tuple)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    rewriter = None
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        func = relax.analysis.remove_all_unused(func)
+        plan = _Plan(mod, func, blocking)
+        if not plan.convs:
+            continue
+        rewriter = _ToBlocked(mod, blocking) if rewriter is None else rewriter
+        rewriter.plan = plan
+        new = rewriter.visit_expr(func)
+        rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
+    if rewriter is None:
+        return mod
+    out = rewriter.builder_.get()
+    out = tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
+    return _drop_unused_prim_funcs(out)
+
+
+def _drop_unused_prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the PrimFuncs no function calls any more (the replaced NCHW kernels)."""
+    used = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            used |= {gv.name_hint for gv in relax.analysis.all_global_vars(func)}
+    out = mod.clone()
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used:
+            del out[gv]
+    return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="topi_bn.BlockedLayout")
+class BlockedLayout:
+    """Module pass: the conv kernels, residual adds and the ops between them in the blocked
+    channel layout of CPU ``target`` (see the module docstring)."""
+
+    def __init__(self, target):
+        self.target = resolve_target(target)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return to_blocked_layout(mod, self.target)
