@@ -152,7 +152,7 @@ def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
 
 def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates, default: int):
     """``default`` untuned; else a ``sample_categorical`` over ``candidates`` whose initial
-    decision is ``default``."""
+    decision is ``default`` (the design space's trace is the untuned schedule)."""
     cands = sorted(set(int(c) for c in candidates) | {int(default)})
     if not tunable or len(cands) == 1:
         return int(default)
@@ -212,19 +212,19 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
                                      NchwcConvConfig.max_oc_blocks(s)))
     mult = cfg.task_rows // cfg.tile_h
     oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
-    ow_o, ow_i = sch.split(ow, _tile(sch, tunable, ow, [None, cfg.tile_w], most))
+    # any tile width (not only divisors of OW): the last tile may be partial
+    ow_o, ow_i = sch.split(ow, [None, _knob(sch, tunable, range(1, most + 1), cfg.tile_w)])
     sch.reorder(n, ko_o, oh_o, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
-    if s.out_w % cfg.tile_w if not tunable else True:
-        # a last, partial tile: LoopPartition peels it off, the full tiles run unpredicated
-        sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
+    # a last, partial tile (OW not a multiple of the tile): LoopPartition peels it off, the full
+    # tiles run without predicates
+    sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
     task = sch.fuse(n, ko_o, oh_o)
     sch.parallel(task)
     for lp in (ko_i, oh_i, ow_i):
         sch.unroll(lp)
     sch.vectorize(kb)
-    if unroll:
-        sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
-        sch.annotate(task, "pragma_unroll_explicit", 1)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
 
     # the conv's tile under the epilogue's tile loop: accumulators live across the reduction
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
