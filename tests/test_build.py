@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuning_helpers import (
-    OTHER_KEY_TARGET, SAME_KEY_TARGET, TARGET, TRIALS, WORKLOAD, assert_close, copy_log,
+    OTHER_KEY_TARGET, RECORDS, SAME_KEY_TARGET, TARGET, WORKLOAD, assert_close, copy_log,
     dir_digest, run_prim_func, tuned_log_dir,
 )
 
@@ -115,7 +115,7 @@ def test_records_for_other_targets_are_not_applied(log_dir, func):
 
     loaded = load_logs([log_dir], resolve_target(OTHER_KEY_TARGET))
     assert loaded.num_records == 0
-    assert loaded.skipped[log_dir]["other_target"] == TRIALS
+    assert loaded.skipped[log_dir]["other_target"] == RECORDS
     assert not schedule_prim_func(func, OTHER_KEY_TARGET, tuning_logs=log_dir)[1]
     # same log key, other CPU: applies
     assert schedule_prim_func(func, SAME_KEY_TARGET, tuning_logs=log_dir)[1]

@@ -87,7 +87,10 @@ def _tune_run(args) -> int:
     skipped = [r for r in results if r.status == "skipped"]
     for r in tuned:
         best = f"{r.best_us:.1f} us ({r.metric})" if r.best_us is not None else "no valid candidate"
-        print(f"{r.workload}: {r.trials} trials, best {best}")
+        default = r.extra.get("default_us")
+        default = f", default schedule {default:.1f} us" if default is not None else \
+            ", default schedule failed to build or run"
+        print(f"{r.workload}: {r.trials} trials, best {best}{default}")
     print(f"tuned {len(tuned)}, skipped {len(skipped)} (already at {args.trials} trials); "
           f"log: {args.log_dir}")
     return 0
