@@ -322,19 +322,21 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         lines += [f"Memory-bandwidth ceiling: {bandwidth['ceiling_gbps']:.1f} GB/s "
                   f"({bandwidth.get('how', 'copy, read + write')}).", ""]
     impl = primary_impl(results)
-    if results:
-        lines += [f"Speedups of {impl} (geometric mean per op):", ""]
-    for op, d in geomean_speedups(results, impl).items():
-        parts = [f"{x:.2f}x over {o}" for o, x in d["speedup_vs"].items()]
-        if "speedup_vs_best_peer" in d:
-            parts.append(f"{d['speedup_vs_best_peer']:.2f}x over the best peer")
-        lines.append(f"- {op} ({_plural(d['n'], 'workload')}): " + ", ".join(parts))
+    ran = _impls([r for r in results if r.timing is not None], ("topi-bn",))
+    for name in ([impl] + [n for n in ran if n != impl]) if ran else []:  # primary first
+        lines += [f"Speedups of {name} (geometric mean per op):", ""]
+        for op, d in geomean_speedups(results, name).items():
+            parts = [f"{x:.2f}x over {o}" for o, x in d["speedup_vs"].items()]
+            if "speedup_vs_best_peer" in d:
+                parts.append(f"{d['speedup_vs_best_peer']:.2f}x over the best peer")
+            lines.append(f"- {op} ({_plural(d['n'], 'workload')}): " + ", ".join(parts))
+        lines.append("")
     tuned = [r for r in results if r.impl == "topi-bn tuned" and r.timing is not None]
     if tuned:
         have = sum(r.note == "tuned record" for r in tuned)
-        lines += ["", f"topi-bn tuned: {have} of {len(tuned)} workloads had a tuning record in "
-                      f"the {cfg.tuning_logs!r} logs; the others ran the default schedule "
-                      f"(column 'tuning record')."]
+        lines += [f"topi-bn tuned: {have} of {len(tuned)} workloads had a tuning record in "
+                  f"the {cfg.tuning_logs!r} logs; the others ran the default schedule "
+                  f"(column 'tuning record')."]
     if results:
         lines += ["", format_summary(results, bandwidth, impl), "",
                   "Rates: GFLOP/s (TFLOP/s on a GPU) for conv (Workload.flops), GB/s of "
