@@ -473,7 +473,7 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     assert "--out:" in err and "is not a folder" in err and "Traceback" not in err
 
 
-def test_errors_while_running_are_one_line(monkeypatch, capsys):
+def test_errors_while_running_are_one_line(monkeypatch, capsys, tmp_path):
     """An error the checks could not foresee (a disk that fills up...) exits 1 with one line."""
     from topi_bn.bench import cli
 
@@ -483,7 +483,7 @@ def test_errors_while_running_are_one_line(monkeypatch, capsys):
     monkeypatch.delenv("TOPI_BN_DEBUG", raising=False)
     parser = argparse.ArgumentParser()
     cli.add_bench_arguments(parser)
-    assert cli.run_bench(parser.parse_args(["--quick"])) == 1
+    assert cli.run_bench(parser.parse_args(["--quick", "--out", str(tmp_path)])) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["topi-bn bench: error: cannot write bench-out/results.json: No space left on "
                    "device (TOPI_BN_DEBUG=1 shows the traceback)"]

@@ -221,6 +221,7 @@ def run_bench(args: argparse.Namespace) -> int:
     ``args.out`` and prints the summary. Returns the exit code."""
     reexec_with_thread_env(args.spin_wait)
     try:
+        os.makedirs(args.out, exist_ok=True)  # fail now, not after the run
         if is_gpu_target(args.target):
             return run_gpu_bench(args)
         return _run_cpu(args)
