@@ -122,8 +122,9 @@ SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
     ("tune", _tune_arguments, _tune_run, _tune_check,
      "tune registry workloads with MetaSchedule into a JSON database"),
     ("bench", _bench_arguments, _bench_run, _bench_check,
-     "benchmark topi-bn (shipped logs, untuned) against TVM's unpacked batch-norm, PyTorch "
-     "eager and ONNX Runtime; table, JSON and a plot"),
+     "benchmark topi-bn (shipped logs, untuned, whole networks) against TVM's unpacked "
+     "batch-norm, PyTorch eager and ONNX Runtime, or (--target cuda) against PyTorch eager and "
+     "torch.compile on the GPU; tables, JSON and plots"),
 ]
 
 
