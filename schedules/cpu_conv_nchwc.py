@@ -6,7 +6,8 @@ order ``rco, ry, rx, rci`` (input-channel chunk, kernel row, kernel column, chan
 block, unrolled), then ``tile_h x tile_w`` (unrolled; one broadcast input value each) and
 ``oc_blocks`` (unrolled; one weight vector each), ``kb`` (vectorized). The epilogue (BN scale
 and shift, residual, activation, cast) runs on the register tile before its only store. The
-outer loops ``(n, oc chunk, row chunk)`` are one parallel loop; each task computes
+outer loops ``(n, oc chunk, row chunk)`` (or ``(n, row chunk, oc chunk)`` when the weights fit
+in L2: consecutive tasks then share their input rows) are one parallel loop; each task computes
 ``task_rows`` output rows of ``oc_blocks`` channel blocks, tile by tile along the row.
 
 - 1x1, 3x3, 7x7 stride 2 and grouped convs share this template; the knobs differ (a 1x1 conv
@@ -48,6 +49,8 @@ class NchwcShape:
     reduction : int
         Multiply-adds per output element (C/groups * KH * KW).
     depthwise : bool
+    in_elems, weight_elems : int
+        Elements of the (padded) input and of the weight.
     """
 
     oc_chunks: int
@@ -57,6 +60,8 @@ class NchwcShape:
     kernel: int
     reduction: int
     depthwise: bool
+    in_elems: int = 0
+    weight_elems: int = 0
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
@@ -80,6 +85,11 @@ class NchwcConvConfig:
     unroll : int
         ``pragma_auto_unroll_max_step`` of the task's loops (the kernel-row and -column loops
         are unrolled by it when small enough).
+    rows_outer : bool
+        Order of the parallel tasks: row chunks outside channel chunks, so that the tasks a
+        thread runs one after the other share their input rows (the weights stay in L2), or
+        channel chunks outside, so that they share their weights (the input is re-read from the
+        cache once per channel chunk). Not tuned (a trace cannot choose a loop order).
     """
 
     oc_blocks: int
@@ -87,6 +97,7 @@ class NchwcConvConfig:
     tile_w: int
     task_rows: int
     unroll: int = 0
+    rows_outer: bool = False
 
     @staticmethod
     def max_oc_blocks(s: NchwcShape) -> int:
@@ -134,7 +145,20 @@ class NchwcConvConfig:
                     if best is None or key < best[0]:
                         best = (key, kt, th, tw)
         _, kt, th, tw = best
-        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th)
+        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
+                   rows_outer=cls.prefer_rows_outer(s, p, kt, th))
+
+    @staticmethod
+    def prefer_rows_outer(s: NchwcShape, p, oc_blocks: int, rows: int) -> bool:
+        """Rows outside when the weights fit in half the L2 (re-reading them per row chunk
+        costs little), else the order that re-reads fewer bytes: the input once per channel
+        chunk, or the weights once per row chunk."""
+        if s.depthwise:
+            return False
+        weight_bytes, in_bytes = 4 * s.weight_elems, 4 * s.in_elems
+        if weight_bytes <= p.l2_bytes // 2:
+            return True
+        return weight_bytes * (s.out_h // rows) < in_bytes * (s.oc_chunks // oc_blocks)
 
 
 def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
@@ -188,7 +212,15 @@ def _shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:
     else:
         kernel = red[1] * red[2]
         reduction = red[0] * red[1] * red[2] * red[3]
-    return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise)
+    sizes = {}
+    for region in sch.get(conv).reads:
+        shape = [int(d) for d in region.source.shape]
+        elems = 1
+        for d in shape:
+            elems *= d
+        sizes[len(shape)] = max(sizes.get(len(shape), 0), elems)
+    return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise, sizes.get(5, 0),
+                      sizes.get(6, 0))
 
 
 def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
@@ -213,12 +245,14 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     mult = cfg.task_rows // cfg.tile_h
     oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
     # any tile width (not only divisors of OW): the last tile may be partial
-    ow_o, ow_i = sch.split(ow, [None, _knob(sch, tunable, range(1, most + 1), cfg.tile_w)])
-    sch.reorder(n, ko_o, oh_o, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
+    tw = _knob(sch, tunable, range(1, most + 1), cfg.tile_w)
+    ow_o, ow_i = sch.split(ow, [None, tw])
+    outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
+    sch.reorder(n, *outer, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
     # a last, partial tile (OW not a multiple of the tile): LoopPartition peels it off, the full
     # tiles run without predicates
     sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
-    task = sch.fuse(n, ko_o, oh_o)
+    task = sch.fuse(n, *outer)
     sch.parallel(task)
     for lp in (ko_i, oh_i, ow_i):
         sch.unroll(lp)
@@ -227,10 +261,11 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     sch.annotate(task, "pragma_unroll_explicit", 1)
 
     # the conv's tile under the epilogue's tile loop: accumulators live across the reduction
+    n_red = 2 if depthwise else 4
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
     loops = sch.get_loops(conv)
-    c_n, c_ko, c_oh, c_ow, c_kb = loops[3:8]
-    reds = loops[8:]
+    c_n, c_ko, c_oh, c_ow, c_kb = loops[-5 - n_red:-n_red]
+    reds = loops[-n_red:]
     if depthwise:
         sch.reorder(c_n, *reds, c_oh, c_ow, c_ko, c_kb)
     else:
