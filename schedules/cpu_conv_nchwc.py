@@ -21,8 +21,11 @@ in L2: consecutive tasks then share their input rows) are one parallel loop; eac
 
 :class:`NchwcConvConfig` holds the knobs; :meth:`NchwcConvConfig.default` derives them from the
 target (:class:`~topi_bn.schedules.cpu.CpuParams`: lanes, vector registers, cores) and the
-conv's shape. With ``tunable=True`` each knob is a ``sample_categorical`` whose initial decision
-is the default, so the design space's own trace is the untuned schedule.
+conv's shape. With ``tunable=True`` each knob is a ``sample_perfect_tile`` (channel blocks, rows)
+or ``sample_categorical`` (tile width, unroll) whose initial decision is the default, so the
+design space's own trace is the untuned schedule. The tile width need not divide OW: the last
+tile of a row is partial, and ``pragma_loop_partition_hint`` has TVM's LoopPartition peel it so
+the full tiles run without predicates.
 """
 from __future__ import annotations
 
@@ -104,20 +107,14 @@ class NchwcConvConfig:
         return 2 if s.depthwise else 4
 
     @staticmethod
-    def registers_used(s: NchwcShape, oc_blocks: int, positions: int) -> int:
-        """Vector registers a tile of ``oc_blocks x positions`` outputs keeps live: its
-        accumulators, the ``oc_blocks`` weight vectors of the current input channel and one
-        broadcast input (LLVM keeps the weights in registers rather than as FMA memory
-        operands: one register too many and it spills an accumulator in the inner loop)."""
-        if s.depthwise:
-            return oc_blocks * positions
-        return oc_blocks * (positions + 1) + 1
-
-    @staticmethod
     def max_positions(s: NchwcShape, p, oc_blocks: int) -> int:
         """Most output positions a tile of ``oc_blocks`` blocks may hold within the vector
-        registers. A depthwise tile uses half of them: its ``KH x KW`` weight vectors are
-        reused across the tile and want registers too."""
+        registers: ``oc_blocks * (positions + 1) + 1`` of them are live in the inner loop (the
+        accumulators, the current input channel's ``oc_blocks`` weight vectors, one broadcast
+        input; LLVM keeps the weights in registers rather than as FMA memory operands, and one
+        register too many spills an accumulator in the inner loop, which costs 30-50%). A
+        depthwise tile uses half of them: its ``KH x KW`` weight vectors are reused across the
+        tile and want registers too."""
         if s.depthwise:
             return max(1, p.vector_registers // 2 // oc_blocks)
         return max(1, (p.vector_registers - 1) // oc_blocks - 1)
