@@ -6,7 +6,8 @@ order ``rco, ry, rx, rci`` (input-channel chunk, kernel row, kernel column, chan
 block, unrolled), then ``tile_h x tile_w`` (unrolled; one broadcast input value each) and
 ``oc_blocks`` (unrolled; one weight vector each), ``kb`` (vectorized). The epilogue (BN scale
 and shift, residual, activation, cast) runs on the register tile before its only store. The
-outer loops ``(n, oc chunk, row chunk)`` are one parallel loop; each task computes
+outer loops ``(n, oc chunk, row chunk)`` (or ``(n, row chunk, oc chunk)`` when the weights fit
+in L2: consecutive tasks then share their input rows) are one parallel loop; each task computes
 ``task_rows`` output rows of ``oc_blocks`` channel blocks, tile by tile along the row.
 
 - 1x1, 3x3, 7x7 stride 2 and grouped convs share this template; the knobs differ (a 1x1 conv
@@ -20,8 +21,11 @@ outer loops ``(n, oc chunk, row chunk)`` are one parallel loop; each task comput
 
 :class:`NchwcConvConfig` holds the knobs; :meth:`NchwcConvConfig.default` derives them from the
 target (:class:`~topi_bn.schedules.cpu.CpuParams`: lanes, vector registers, cores) and the
-conv's shape. With ``tunable=True`` each knob is a ``sample_categorical`` whose initial decision
-is the default, so the design space's own trace is the untuned schedule.
+conv's shape. With ``tunable=True`` each knob is a ``sample_perfect_tile`` (channel blocks, rows)
+or ``sample_categorical`` (tile width, unroll) whose initial decision is the default, so the
+design space's own trace is the untuned schedule. The tile width need not divide OW: the last
+tile of a row is partial, and ``pragma_loop_partition_hint`` has TVM's LoopPartition peel it so
+the full tiles run without predicates.
 """
 from __future__ import annotations
 
@@ -48,6 +52,8 @@ class NchwcShape:
     reduction : int
         Multiply-adds per output element (C/groups * KH * KW).
     depthwise : bool
+    in_elems, weight_elems : int
+        Elements of the (padded) input and of the weight.
     """
 
     oc_chunks: int
@@ -57,6 +63,8 @@ class NchwcShape:
     kernel: int
     reduction: int
     depthwise: bool
+    in_elems: int = 0
+    weight_elems: int = 0
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
@@ -80,6 +88,11 @@ class NchwcConvConfig:
     unroll : int
         ``pragma_auto_unroll_max_step`` of the task's loops (the kernel-row and -column loops
         are unrolled by it when small enough).
+    rows_outer : bool
+        Order of the parallel tasks: row chunks outside channel chunks, so that the tasks a
+        thread runs one after the other share their input rows (the weights stay in L2), or
+        channel chunks outside, so that they share their weights (the input is re-read from the
+        cache once per channel chunk). Not tuned (a trace cannot choose a loop order).
     """
 
     oc_blocks: int
@@ -87,26 +100,21 @@ class NchwcConvConfig:
     tile_w: int
     task_rows: int
     unroll: int = 0
+    rows_outer: bool = False
 
     @staticmethod
     def max_oc_blocks(s: NchwcShape) -> int:
         return 2 if s.depthwise else 4
 
     @staticmethod
-    def registers_used(s: NchwcShape, oc_blocks: int, positions: int) -> int:
-        """Vector registers a tile of ``oc_blocks x positions`` outputs keeps live: its
-        accumulators, the ``oc_blocks`` weight vectors of the current input channel and one
-        broadcast input (LLVM keeps the weights in registers rather than as FMA memory
-        operands: one register too many and it spills an accumulator in the inner loop)."""
-        if s.depthwise:
-            return oc_blocks * positions
-        return oc_blocks * (positions + 1) + 1
-
-    @staticmethod
     def max_positions(s: NchwcShape, p, oc_blocks: int) -> int:
         """Most output positions a tile of ``oc_blocks`` blocks may hold within the vector
-        registers. A depthwise tile uses half of them: its ``KH x KW`` weight vectors are
-        reused across the tile and want registers too."""
+        registers: ``oc_blocks * (positions + 1) + 1`` of them are live in the inner loop (the
+        accumulators, the current input channel's ``oc_blocks`` weight vectors, one broadcast
+        input; LLVM keeps the weights in registers rather than as FMA memory operands, and one
+        register too many spills an accumulator in the inner loop, which costs 30-50%). A
+        depthwise tile uses half of them: its ``KH x KW`` weight vectors are reused across the
+        tile and want registers too."""
         if s.depthwise:
             return max(1, p.vector_registers // 2 // oc_blocks)
         return max(1, (p.vector_registers - 1) // oc_blocks - 1)
@@ -134,7 +142,20 @@ class NchwcConvConfig:
                     if best is None or key < best[0]:
                         best = (key, kt, th, tw)
         _, kt, th, tw = best
-        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th)
+        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
+                   rows_outer=cls.prefer_rows_outer(s, p, kt, th))
+
+    @staticmethod
+    def prefer_rows_outer(s: NchwcShape, p, oc_blocks: int, rows: int) -> bool:
+        """Rows outside when the weights fit in half the L2 (re-reading them per row chunk
+        costs little), else the order that re-reads fewer bytes: the input once per channel
+        chunk, or the weights once per row chunk."""
+        if s.depthwise:
+            return False
+        weight_bytes, in_bytes = 4 * s.weight_elems, 4 * s.in_elems
+        if weight_bytes <= p.l2_bytes // 2:
+            return True
+        return weight_bytes * (s.out_h // rows) < in_bytes * (s.oc_chunks // oc_blocks)
 
 
 def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
@@ -152,7 +173,7 @@ def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
 
 def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates, default: int):
     """``default`` untuned; else a ``sample_categorical`` over ``candidates`` whose initial
-    decision is ``default``."""
+    decision is ``default`` (the design space's trace is the untuned schedule)."""
     cands = sorted(set(int(c) for c in candidates) | {int(default)})
     if not tunable or len(cands) == 1:
         return int(default)
@@ -188,7 +209,15 @@ def _shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:
     else:
         kernel = red[1] * red[2]
         reduction = red[0] * red[1] * red[2] * red[3]
-    return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise)
+    sizes = {}
+    for region in sch.get(conv).reads:
+        shape = [int(d) for d in region.source.shape]
+        elems = 1
+        for d in shape:
+            elems *= d
+        sizes[len(shape)] = max(sizes.get(len(shape), 0), elems)
+    return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise, sizes.get(5, 0),
+                      sizes.get(6, 0))
 
 
 def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
@@ -212,25 +241,28 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
                                      NchwcConvConfig.max_oc_blocks(s)))
     mult = cfg.task_rows // cfg.tile_h
     oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
-    ow_o, ow_i = sch.split(ow, _tile(sch, tunable, ow, [None, cfg.tile_w], most))
-    sch.reorder(n, ko_o, oh_o, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
-    if s.out_w % cfg.tile_w if not tunable else True:
-        # a last, partial tile: LoopPartition peels it off, the full tiles run unpredicated
-        sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
-    task = sch.fuse(n, ko_o, oh_o)
+    # any tile width (not only divisors of OW): the last tile may be partial
+    tw = _knob(sch, tunable, range(1, most + 1), cfg.tile_w)
+    ow_o, ow_i = sch.split(ow, [None, tw])
+    outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
+    sch.reorder(n, *outer, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
+    # a last, partial tile (OW not a multiple of the tile): LoopPartition peels it off, the full
+    # tiles run without predicates
+    sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
+    task = sch.fuse(n, *outer)
     sch.parallel(task)
     for lp in (ko_i, oh_i, ow_i):
         sch.unroll(lp)
     sch.vectorize(kb)
-    if unroll:
-        sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
-        sch.annotate(task, "pragma_unroll_explicit", 1)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
 
     # the conv's tile under the epilogue's tile loop: accumulators live across the reduction
+    n_red = 2 if depthwise else 4
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
     loops = sch.get_loops(conv)
-    c_n, c_ko, c_oh, c_ow, c_kb = loops[3:8]
-    reds = loops[8:]
+    c_n, c_ko, c_oh, c_ow, c_kb = loops[-5 - n_red:-n_red]
+    reds = loops[-n_red:]
     if depthwise:
         sch.reorder(c_n, *reds, c_oh, c_ow, c_ko, c_kb)
     else:

@@ -59,9 +59,10 @@ def test_build_applies_the_best_record(log_dir, func, workload):
     expected = _best_record_schedule(log_dir, func)
     assert tvm_ffi.structural_equal(mod["main"].without_attr("tirx.is_scheduled"),
                                     expected["main"])
-    default, applied_default = schedule_prim_func(func, TARGET, tuning_logs=None)
+    # without logs: the default schedule (which may also be the best record: tuning measures
+    # it as one candidate, see test_tune.py)
+    _, applied_default = schedule_prim_func(func, TARGET, tuning_logs=None)
     assert not applied_default
-    assert not tvm_ffi.structural_equal(mod["main"], default["main"])
 
     lib = build(func, TARGET, tuning_logs=log_dir)
     assert_close(*run_prim_func(lib, workload))

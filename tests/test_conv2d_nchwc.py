@@ -393,3 +393,128 @@ def test_blocked_kernel_refuses_cuda():
 
     with pytest.raises(ValueError, match="blocked channel layout.*CPU schedules only"):
         apply_default_schedules(tvm.IRModule({"main": _blocked_func(8)}), "cuda")
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
+def test_template_starts_at_the_default_schedule(depthwise):
+    """The tunable template samples its knobs (MetaSchedule can mutate them), and its initial
+    decisions are the defaults: the design space's own trace is the untuned schedule."""
+    from topi_bn.schedules import common
+
+    target = resolve_target("x86-avx2")
+    mod = tvm.IRModule({"main": _blocked_func(8, depthwise, hw=14)})
+    tuned = tvm.s_tir.Schedule(mod)
+    assert common.schedule_function(tuned, target, tunable=True)
+    kinds = {inst.kind.name for inst in tuned.trace.insts}
+    assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
+    untuned = tvm.s_tir.Schedule(mod)
+    common.schedule_function(untuned, target, tunable=False)
+    tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+    # another decision gives another schedule that still replays
+    unroll = next(i for i in tuned.trace.insts if i.kind.name == "SampleCategorical")
+    now = int(tuned.trace.decisions[unroll])
+    other = tuned.trace.with_decision(unroll, (now + 1) % len(unroll.attrs[0]), True)
+    replay = tvm.s_tir.Schedule(mod)
+    other.apply_to_schedule(replay, remove_postproc=True)
+    with pytest.raises(ValueError):
+        tvm.ir.assert_structural_equal(replay.mod, untuned.mod)
+
+
+def test_a_tuning_record_of_a_blocked_workload_applies_in_build(tmp_path):
+    """A record of the template (as ``topi-bn tune`` writes it: the trace of the tunable
+    schedule with its decisions, keyed by the PrimFunc a build sees) is what ``topi_bn.build``
+    compiles for the workload, and the kernel it gives is right. (A real search takes minutes;
+    the decisions here are the template's with one knob changed.)"""
+    _need_avx2()
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn import workloads
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.schedules import common
+    from topi_bn.testing import run_prim_func
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import merge_records
+
+    name = "smoke.conv3x3_8_16_10_s1_relu_res.nchw8c"
+    target = resolve_target("x86-avx2")
+    func = workload_prim_func(name, target=target)
+    mod = build_visible_mod(func)
+    sch = tvm.s_tir.Schedule(mod)
+    common.schedule_function(sch, target, tunable=True)
+    tile_w = [i for i in sch.trace.insts if i.kind.name == "SampleCategorical"][1]
+    trace = sch.trace.with_decision(tile_w, 1, True)  # tile width 2: not the default
+    record = ms.database.TuningRecord(trace, ms.database.Workload(mod), [1e-5], target,
+                                      ms.arg_info.ArgInfo.from_prim_func(func))
+    log = str(tmp_path / "log")
+    merge_records(log, mod, [record])
+    scheduled, had_record = schedule_prim_func(func, target, tuning_logs=log)
+    assert had_record
+    expect_mod = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(expect_mod, remove_postproc=True)
+    tvm.ir.assert_structural_equal(scheduled["main"].body, expect_mod.mod["main"].body)
+    w = workloads.get(name)
+    inputs = w.random_inputs()
+    expect = w.reference(*inputs)[0]
+    lib = topi_bn.build(func, target, tuning_logs=log)
+    (got,) = run_prim_func(lib, inputs, [(expect.shape, "float32")])
+    assert_close(got, expect, "float32", scale=2.0)
+
+
+# -- registry and tuning selection --------------------------------------------------------------------
+def test_blocked_workloads_follow_their_nchw_layers():
+    from topi_bn import workloads
+
+    for block in workloads.BLOCK_SIZES:
+        for net in ("resnet50", "mobilenetv2"):
+            blocked = workloads.list_workloads(f"{net}-nchw{block}c")
+            folded = workloads.list_workloads(f"{net}-nchw{block}c-folded")
+            assert len(folded) == len(blocked)
+            bases = {w.base for w in blocked}
+            assert bases == {w.name for w in workloads.list_workloads(net)}
+            for w in blocked:
+                base = workloads.get(w.base)
+                assert w.op == "conv2d_bn_act_nchwc" and w.block == block
+                assert w.flops == base.flops
+                assert w.shapes["data"][-1] in (block, block // 2, 3)
+                assert w.shapes["weight"][-1] == w.shapes["data"][-1] or \
+                    w.shapes["weight"][-1] in (block, block // 2)
+    r50 = {w.name for w in workloads.list_workloads("resnet50-nchw8c")}
+    # the first bottleneck's expansion (relu after the residual add) and its downsample
+    assert {"resnet50.conv1x1_64_256_56_s1_relu_res.nchw8c",
+            "resnet50.conv1x1_64_256_56_s1_none.nchw8c"} <= r50
+    mb = workloads.get("mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c")
+    assert mb.shapes["residual"] == (1, 3, 56, 56, 8)  # 24 channels on AVX-512: blocks of 8
+    assert "mobilenetv2.dw3x3_144_144_56_s1_relu6.nchw8c.folded" in \
+        {w.name for w in workloads.list_workloads("mobilenetv2-nchw8c-folded")}
+    assert not any(w.block for w in workloads.list_workloads("all"))
+
+
+@pytest.mark.parametrize("name", ["smoke.conv3x3_8_16_10_s1_relu_res.nchw4c",
+                                  "smoke.dw3x3_16_16_10_s2_relu6.nchw8c"])
+def test_blocked_workload_reference_and_compute(name):
+    from topi_bn import workloads
+
+    w = workloads.get(name)
+    inputs = w.random_inputs()
+    args = w.te_args()
+    (got,) = run_te(args, w.compute(*args), inputs)
+    base = workloads.get(w.base)
+    assert_close(got, w.reference(*inputs)[0], "float32", scale=2.0)
+    assert got.shape == (1, base.shapes["weight"][0] // w.shapes["weight"][-1],
+                         *w.geometry().out_shape[2:4], w.shapes["weight"][-1])
+
+
+@pytest.mark.parametrize("target,group", [("x86-avx2", "resnet50-nchw8c"),
+                                          ("x86-avx512", "resnet50-nchw16c"),
+                                          ("arm", "resnet50-nchw4c")])
+def test_tuning_a_network_group_brings_the_blocked_kernels_of_the_target(target, group):
+    from topi_bn import workloads
+    from topi_bn.tuning import select_workloads
+
+    names = [w.name for w in select_workloads("resnet50", target)]
+    nchw = [w.name for w in workloads.list_workloads("resnet50")]
+    assert names == nchw + [w.name for w in workloads.list_workloads(group)]
+    assert [w.name for w in select_workloads("resnet50", "cuda")] == nchw
+    assert [w.name for w in select_workloads("resnet50")] == nchw
+    assert [w.name for w in select_workloads("smoke", target)] == \
+        [w.name for w in workloads.list_workloads("smoke")]

@@ -143,15 +143,20 @@ def build_visible_mod(func):
 
 
 # -- arguments ------------------------------------------------------------------------------------
-def select_workloads(spec) -> list:
+def select_workloads(spec, target=None) -> list:
     """Workloads named by ``spec``: a group (``topi_bn.workloads.groups()``), ``"all"``, a
-    comma-separated list of workload names, or a sequence of names/Workloads."""
+    comma-separated list of workload names, or a sequence of names/Workloads.
+
+    With a CPU ``target``, a network group (``resnet50``, ``mobilenetv2``) or ``"all"`` also
+    brings the blocked-layout kernels a CPU build of the network runs, for the target's block
+    size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2), after the NCHW ones; the ``bn="folded"``
+    kernels are their own groups (``resnet50-nchw8c-folded``)."""
     if isinstance(spec, _workloads.Workload):
         return [spec]
     if isinstance(spec, str):
         spec = spec.strip()
         if spec == "all" or spec in _workloads.groups():
-            return _workloads.list_workloads(spec)
+            return _workloads.list_workloads(spec) + _blocked_for(spec, target)
         names = [s.strip() for s in spec.split(",") if s.strip()]
     elif isinstance(spec, Sequence):
         names = list(spec)
@@ -173,6 +178,24 @@ def select_workloads(spec) -> list:
                 f"{', '.join(_workloads.groups() + ('all',))}; names are listed by "
                 f"topi_bn.workloads.list_workloads()") from None
     return out
+
+
+def _blocked_for(group: str, target) -> list:
+    """The blocked-layout workloads that go with ``group`` on CPU ``target`` (none for other
+    groups and targets)."""
+    from .targets import target_family, vector_lanes
+
+    networks = ("resnet50", "mobilenetv2") if group == "all" else (group,)
+    if target is None or not set(networks) <= {"resnet50", "mobilenetv2"}:
+        return []
+    tgt = resolve_target(target)
+    if target_family(tgt) == "cuda":
+        return []
+    lanes = vector_lanes(tgt, "float32")
+    if lanes not in _workloads.BLOCK_SIZES:
+        return []
+    return [w for g in _workloads.blocked_groups(lanes, networks=networks)
+            for w in _workloads.list_workloads(g)]
 
 
 def _check_trials(trials) -> int:
@@ -199,7 +222,7 @@ class _Progress:
         self.start = time.monotonic()
 
     def metric(self, workload, secs: float, dtype: str) -> str:
-        if workload.op == "conv2d_bn_relu":
+        if workload.op in _workloads.CONV_OPS:
             return f"{workload.flops / secs / 1e9:.1f} GFLOP/s"
         return f"{workload.bytes_moved(dtype) / secs / 1e9:.1f} GB/s"
 
@@ -391,7 +414,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     tgt = resolve_target(target)
     if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute
         check_host_can_run(tgt, "target")
-    chosen = select_workloads(workloads)
+    chosen = select_workloads(workloads, tgt)
     trials = _check_trials(trials)
     if space not in SPACES:
         raise ValueError(f"space: expected one of {SPACES}, got {space!r}")
