@@ -138,7 +138,7 @@ def _check_bn(bn) -> str:
 
 
 def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-          tuning_logs="shipped"):
+          tuning_logs="shipped", layout: str = "auto"):
     """Compile a Relax module or a PrimFunc with topi-bn kernels for ``target``.
 
     Parameters
@@ -155,6 +155,15 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         MetaSchedule JSON database directories to apply (see :func:`resolve_tuning_logs`).
         A missing, empty, truncated or corrupt log warns (:class:`TuningLogWarning`) and the
         build goes on with default schedules; logs are never written.
+    layout : {"auto", "blocked", "keep"}
+        Relax only. ``"auto"``: a ``fused`` or ``folded`` build for a CPU target (x86, ARM) runs
+        the convs and the ops between them in the blocked channel layout NCHW[x]c
+        (:mod:`topi_bn.relax.blocked`: constant weights packed by the build, residual adds
+        fused into the conv kernels, layout transforms only at the graph's inputs and outputs
+        and around ops with no blocked form); other builds keep the model's layout.
+        ``"blocked"``: the same, but an error where it does not apply (a GPU target, bn
+        ``"opaque"`` or ``"unpacked"``). ``"keep"``: the model's own layout (NCHW kernels for
+        an NCHW model), as ONNX Runtime with its layout optimizations off.
 
     Returns
     -------
@@ -164,16 +173,20 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
     """
     target = resolve_target(target)
     _check_bn(bn)
+    _check_layout(layout, target, bn)
     loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
     db = _reporting_database(loaded.database, target)
     if isinstance(mod_or_primfunc, tvm.tirx.PrimFunc):
         if params:
             raise ValueError("params: only a Relax module takes params; a PrimFunc has none")
+        if layout != "auto":
+            raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
+                             f"PrimFunc is built as written (got layout={layout!r})")
         return _build_prim_func(mod_or_primfunc, target, db)
     if isinstance(mod_or_primfunc, tvm.IRModule):
         funcs = dict(mod_or_primfunc.functions_items())
         if any(isinstance(f, tvm.relax.Function) for f in funcs.values()):
-            return _build_relax(mod_or_primfunc, target, params, bn, db)
+            return _build_relax(mod_or_primfunc, target, params, bn, db, layout)
         prims = [f for f in funcs.values() if isinstance(f, tvm.tirx.PrimFunc)]
         if len(prims) == 1 and not params:
             return _build_prim_func(prims[0], target, db)
@@ -221,11 +234,20 @@ def _relax_modes():
     return modes
 
 
-def _build_relax(mod, target, params, bn, db):
+def _check_layout(layout, target, bn):
+    modes = _relax_modes()
+    if modes is not None:
+        return modes.check_layout(layout, target, bn)
+    if layout not in ("auto", "keep"):
+        raise ValueError(f"layout: {layout!r} needs topi_bn.relax, which this installation lacks")
+    return layout
+
+
+def _build_relax(mod, target, params, bn, db, layout="auto"):
     modes = _relax_modes()
     if modes is not None:
         mod = modes.apply_bn_mode(mod, bn, params, target)
-        return modes.lower(mod, target, database=db)
+        return modes.lower(mod, target, database=db, layout=layout)
     # Seam: without topi_bn.relax, TVM's own legalization and the same pass order as lower().
     if bn != "fused":
         raise ValueError(f"bn: {bn!r} needs topi_bn.relax, which this installation lacks")

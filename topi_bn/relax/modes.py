@@ -39,10 +39,16 @@ from .blocked import BlockedLayout
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
 from .registration import MODE_ATTR, OPS, StripKernelDescriptions, legalize_options
 
-__all__ = ["BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
-           "bind_params"]
+__all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
+           "bind_params", "check_layout"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
+#: ``layout=`` of :func:`pipeline`, :func:`lower` and ``topi_bn.build``: ``"auto"`` runs the
+#: network in the blocked channel layout where it can (``fused`` and ``folded`` builds for CPU
+#: targets), ``"blocked"`` demands it (an error where it cannot), ``"keep"`` keeps the model's
+#: own layout (NCHW kernels for an NCHW model).
+LAYOUTS = ("auto", "blocked", "keep")
+_BLOCKED_MODES = ("fused", "folded")
 
 
 def _check_bn(bn) -> str:
@@ -187,6 +193,68 @@ class ApplyDefaultSchedules:
             return mod
 
 
+@tvm.transform.module_pass(opt_level=0, name="topi_bn.NarrowKernelIndices")
+class NarrowKernelIndices:
+    """Module pass: int32 loop and index arithmetic in the scheduled topi-bn PrimFuncs whose
+    buffers all have fewer than 2**31 elements.
+
+    Relax emits kernels with int64 shapes; their int64 index arithmetic costs LLVM its
+    addressing modes and registers: the blocked 3x3 conv of ResNet's first stage ran 2.5x
+    slower with int64 indices than with int32 (AVX2, same schedule). It runs after the tuning
+    records and default schedules are applied, so it changes nothing a record matches."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from topi_bn.schedules.common import has_topi_bn_blocks
+
+        narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
+        out = None
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
+                    or not has_topi_bn_blocks(func):
+                continue
+            out = mod.clone() if out is None else out
+            out.update_func(gv, narrow(tvm.IRModule({"main": func}))["main"])
+        return mod if out is None else out
+
+
+def _fits_int32(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether every parameter buffer of ``func`` has static shapes of < 2**31 elements (the
+    internal buffers are no larger than its inputs and outputs in topi-bn kernels)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    try:
+        infos = ArgInfo.from_prim_func(func)
+        return all(int(np.prod([int(d) for d in a.shape], dtype=np.int64)) < 2 ** 31
+                   for a in infos)
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def check_layout(layout, target=None, bn: str | None = None) -> str:
+    """``layout`` checked (one of :data:`LAYOUTS`), and ``"blocked"`` against ``target`` and
+    ``bn`` where they are given; ValueError naming ``layout`` otherwise."""
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if layout == "blocked":
+        if target is not None and target_family(target) not in ("x86", "arm"):
+            raise ValueError(f"layout: 'blocked' is a CPU (x86, ARM) layout, got a "
+                             f"{resolve_target(target).kind.name} target; use 'auto' or 'keep'")
+        if bn is not None and bn not in _BLOCKED_MODES:
+            raise ValueError(f"layout: 'blocked' needs a bn='fused' or bn='folded' build, got "
+                             f"bn={bn!r}; use 'auto' or 'keep'")
+    return layout
+
+
+def _blocked(layout: str, target, mode: str) -> bool:
+    """Whether a module of bn mode ``mode`` runs blocked under ``layout`` on ``target``."""
+    if layout == "keep":
+        return False
+    if layout == "blocked":
+        check_layout(layout, target, mode)
+        return True
+    return mode in _BLOCKED_MODES and target_family(target) in ("x86", "arm")
+
+
 def _backend_pipeline(target):
     """The module of TVM's default pipeline passes for ``target`` (``tvm.relax.pipeline``'s
     own dispatchers reach ``cpu_generic.dataflow_lower_passes``, which 0.27 does not export)."""
@@ -199,13 +267,14 @@ def _backend_pipeline(target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-def pipeline(target: Any, database=None, blocked_layout: bool = True) -> tvm.transform.Pass:
+def pipeline(target: Any, database=None, layout: str = "auto") -> tvm.transform.Pass:
     """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
 
-    - for a module of mode ``fused`` or ``folded`` and a CPU (x86, ARM) ``target``, first the
-      whole network in the blocked channel layout (:class:`~topi_bn.relax.blocked.BlockedLayout`:
-      blocked conv kernels with weights packed at build time, residual adds fused into them,
-      the ops between them blocked); ``blocked_layout=False`` keeps the NCHW kernels;
+    - for a module of mode ``fused`` or ``folded`` (:func:`apply_bn_mode`) and a CPU (x86, ARM)
+      ``target``, first the whole network in the blocked channel layout
+      (:class:`~topi_bn.relax.blocked.BlockedLayout`: blocked conv kernels with weights packed
+      at build time, residual adds fused into them, the ops between them blocked), unless
+      ``layout="keep"`` (see :data:`LAYOUTS`);
     - legalization through the topi-bn registration, without scheduling at legalize time,
       so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
       a module of mode ``unpacked`` is lowered by TVM alone;
@@ -213,14 +282,12 @@ def pipeline(target: Any, database=None, blocked_layout: bool = True) -> tvm.tra
       the default schedules of every remaining topi-bn PrimFunc, then (GPU) dlight for the rest.
     """
     target = resolve_target(target)
-    if not isinstance(blocked_layout, bool):
-        raise TypeError(f"blocked_layout: expected a bool, got {type(blocked_layout).__name__}")
+    check_layout(layout, target)
     rp = _backend_pipeline(target)
-    cpu = target_family(target) in ("x86", "arm")
 
     def passes(mode: str):
         first = []
-        if blocked_layout and cpu and mode in ("fused", "folded"):
+        if _blocked(layout, target, mode):
             first.append(BlockedLayout(target))
         first.append(StripKernelDescriptions())
         legalize = list(rp.legalize_passes(target))
@@ -229,7 +296,7 @@ def pipeline(target: Any, database=None, blocked_layout: bool = True) -> tvm.tra
         ours = []
         if database is not None:
             ours.append(relax.transform.MetaScheduleApplyDatabase())
-        ours.append(ApplyDefaultSchedules(target))
+        ours += [ApplyDefaultSchedules(target), NarrowKernelIndices()]
         legalize[at:at] = ours
         return (first + list(rp.library_dispatch_passes(target)) + legalize
                 + list(rp.dataflow_lower_passes(target)) + list(rp.finalize_passes(target)))
@@ -248,13 +315,16 @@ def pipeline(target: Any, database=None, blocked_layout: bool = True) -> tvm.tra
 
 
 def lower(mod: tvm.IRModule, target: Any, database=None,
-          blocked_layout: bool = True) -> relax.VMExecutable:
-    """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`.
+          layout: str = "auto") -> relax.VMExecutable:
+    """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`
+    (``layout``: one of :data:`LAYOUTS`).
 
     Returns the executable: ``relax.VirtualMachine(lower(mod, target), dev)``.
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
     target = resolve_target(target)
-    return tvm.compile(mod, target=target,
-                       relax_pipeline=pipeline(target, database, blocked_layout))
+    if layout == "blocked":
+        mode = str(mod.attrs.get(MODE_ATTR, "")) if mod.attrs is not None else ""
+        check_layout(layout, target, mode)
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database, layout))
