@@ -30,7 +30,7 @@ from tvm import te
 
 from ..checks import (
     cast as _cast,
-    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps,
+    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
     check_float, check_momentum, check_same_dtype, normalize_axis, shape_of,
 )
 
@@ -180,7 +180,7 @@ def _normalize(data, axis, center, shifted, var, gamma, beta, eps, acc, rule):
     """``y = ((x - center(c)) - shifted[c]) * scale[c] + beta[c]``: ``center`` is the mean, or
     the pivot when ``shifted`` holds the mean's offset from it."""
     attrs = {"schedule_rule": rule}
-    eps_c = tvm.tirx.const(eps, acc)
+    eps_c = eps_const(eps, acc)
     channels = shape_of(data)[axis]
 
     def scale_fn(c):

@@ -23,7 +23,7 @@ from tvm import te
 from .activation import activation
 from ..checks import (
     cast as _cast,
-    ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps,
+    ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
     check_float, check_same_dtype, conv_geometry,
 )
 
@@ -88,7 +88,7 @@ def conv2d_bn_relu(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
     scale = te.compute(
         (geo.out_channels,),
         lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
-        / te.sqrt(f32(var, k) + tvm.tirx.const(eps, acc)),
+        / te.sqrt(f32(var, k) + eps_const(eps, acc)),
         name="bn_scale", attrs={"schedule_rule": rule})
 
     def shift_fn(k):

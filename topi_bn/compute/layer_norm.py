@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-from ..checks import cast as _cast, accum_dtype, check_eps, check_float, check_same_dtype, normalize_trailing_axes, shape_of
+from ..checks import cast as _cast, accum_dtype, check_eps, eps_const, check_float, check_same_dtype, normalize_trailing_axes, shape_of
 
 RULE = "topi_bn.layer_norm"
 
@@ -90,7 +90,7 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
 
     sq = te.compute(rows, sqdev, name="ln_sqdev", attrs=attrs)
     rstd = te.compute(rows, lambda *row: tvm.tirx.const(1, acc)
-                      / te.sqrt(sq[row] / n + tvm.tirx.const(eps, acc)), name="ln_rstd",
+                      / te.sqrt(sq[row] / n + eps_const(eps, acc)), name="ln_rstd",
                       attrs=attrs)
     k = len(norm_shape)
 
