@@ -28,8 +28,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-__all__ = ["FunctionUses", "OUTPUT", "op_name", "static_shape", "is_channel_shape",
-           "channel_values", "prune_dead_bindings"]
+__all__ = ["FunctionUses", "OUTPUT", "op_name", "static_shape", "constant_value",
+           "is_channel_shape", "channel_values", "prune_dead_bindings"]
 
 #: The "user" of a value that is (part of) the function's result.
 OUTPUT = None
@@ -54,6 +54,13 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return tuple(int(d) for d in shape)
     except (TypeError, ValueError):  # symbolic dimension
         return None
+
+
+def constant_value(expr) -> np.ndarray | None:
+    """The value of ``expr`` when it is a constant (``relax.const``), else None."""
+    if isinstance(expr, Constant) and isinstance(expr.value, tvm.runtime.Tensor):
+        return expr.value.numpy()
+    return None
 
 
 def is_channel_shape(shape, out_shape, axis: int) -> bool:
@@ -237,8 +244,7 @@ class FunctionUses:
         astype of a known value.
         """
         if isinstance(expr, Constant):
-            value = expr.value
-            return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
+            return constant_value(expr)
         if not isinstance(expr, relax.Var):
             return None
         expr = self.root(expr)
@@ -246,7 +252,7 @@ class FunctionUses:
             return np.asarray(params[expr])
         value = self._value.get(expr)
         if isinstance(value, Constant):
-            return self.constant(value)
+            return constant_value(value)
         op = op_name(value)
         if op is None or not value.args:
             return None
