@@ -38,7 +38,9 @@ import tvm
 from tvm import relax
 
 from ..compute import conv2d_bn_relu, conv2d_shift_act
-from .analysis import FunctionUses, channel_values, is_channel_shape, op_name, static_shape
+from .analysis import (
+    FunctionUses, channel_values, constant_value, is_channel_shape, op_name, static_shape,
+)
 from .registration import _emit_te
 from .report import SKIP_REASONS, BatchNormOutcome
 
@@ -144,16 +146,18 @@ class _Matcher:
         ty = getattr(bias, "ty", None)
         if not isinstance(ty, relax.TensorType) or str(ty.dtype) != dtype:
             return None
+        array = self.uses.constant(bias)
+        if array is not None:  # a (K,) constant now: no reshape left for the build to fold
+            values = channel_values(array, out, axis)
+            if values is None:
+                return None
+            return relax.const(np.ascontiguousarray(values).astype(array.dtype), dtype)
         if is_channel_shape(_static_shape(bias), out, axis):
             return bias
         value = self.bound(bias)
         if _op(value) == "relax.broadcast_to":
-            found = self.channel_vector(value.args[0], conv)
-            if found is not None:
-                return found
-        array = self.uses.constant(bias)
-        values = None if array is None else channel_values(array, out, axis)
-        return None if values is None else relax.const(np.array(values, dtype), dtype)
+            return self.channel_vector(value.args[0], conv)
+        return None
 
     def conv_and_bias(self, var):
         """``(conv var, conv, bias or None, absorbed vars)`` for ``var = conv2d(...)`` or
@@ -170,16 +174,23 @@ class _Matcher:
                         raise _Skip("branch")
                     return self.uses.root(c), conv, bias, (self.uses.root(var),
                                                            self.uses.root(c))
+            for c in value.args:
+                self._no_fused_kernel(self.bound(c))
             raise _Skip("no_layer")
         if _op(value) == "relax.nn.conv2d":
             conv = self._fusable_conv(value)
             if not self.single_use(var):
                 raise _Skip("branch")
             return self.uses.root(var), conv, None, (self.uses.root(var),)
+        self._no_fused_kernel(value)
+        raise _Skip("no_layer")
+
+    @staticmethod
+    def _no_fused_kernel(value):
+        """Raise ``unsupported_layer`` for a layer that folding handles but fusion does not."""
         if _op(value) in ("relax.nn.conv2d_transpose", "relax.matmul"):
             raise _Skip("unsupported_layer", f"no fused kernel for {_op(value)} (bn='folded' "
                                              f"folds it)")
-        raise _Skip("no_layer")
 
     def _fusable_conv(self, call):
         conv = self.conv_call(call)
@@ -266,6 +277,9 @@ class _Rewriter(relax.PyExprMutator):
         expr = self.visit_expr(expr)
         if _static_shape(expr) == (k,):
             return expr
+        value = constant_value(expr)
+        if value is not None:  # reshaped here rather than by a kernel the build compiles
+            return relax.const(value.reshape(k), str(value.dtype))
         return self.builder_.emit(relax.op.reshape(expr, (k,)))
 
     def visit_var_binding_(self, binding):
