@@ -1,8 +1,7 @@
 """What a build did with each batch-norm: fused, folded, or left as a kernel, and why.
 
-:func:`topi_bn.relax.apply_bn_mode` (``return_report=True``) and :func:`topi_bn.build_with_report`
-return a :class:`BatchNormReport`: one :class:`BatchNormOutcome` per ``batch_norm`` of the
-module, written by the passes themselves (:class:`~topi_bn.relax.FuseConvBatchNorm`,
+:func:`topi_bn.relax.apply_bn_mode` (``return_report=True``) returns a
+:class:`BatchNormReport`: one :class:`BatchNormOutcome` per ``batch_norm`` of the module, written by the passes themselves (:class:`~topi_bn.relax.FuseConvBatchNorm`,
 :func:`topi_bn.fold.fold_batch_norm`), so counts do not depend on how the kernels are later
 named or laid out.
 """

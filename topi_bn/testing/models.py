@@ -83,10 +83,10 @@ def resnet18(num_classes: int = 10, width: float = 1.0, seed: int = 0):
 
 
 def resnet50(num_classes: int = 10, width: float = 1.0, seed: int = 0):
-    """ResNet-50 (He et al., 2016): conv7x7/2 -> maxpool -> 4 stages of 3, 4, 6, 3 Bottlenecks
-    (conv1x1-BN-ReLU, conv3x3-BN-ReLU with the stride (torchvision's "v1.5"), conv1x1-BN with
-    4x the channels, + shortcut, 1x1 conv-BN when the shape changes) -> pool -> fc.
-    53 conv -> BN pairs."""
+    """ResNet-50 (He et al., 2016; torchvision's v1.5, stride on the 3x3): conv7x7/2 -> maxpool
+    -> 4 stages of 3, 4, 6, 3 Bottlenecks (conv1x1-BN-ReLU, conv3x3-BN-ReLU, conv1x1-BN (4x the
+    width) + shortcut, 1x1 conv-BN on the first block of a stage) -> pool -> fc; 53 conv -> BN
+    pairs, the ``resnet50`` group of :mod:`topi_bn.workloads` at 224x224."""
     torch = _torch()
     nn = torch.nn
 
@@ -117,10 +117,10 @@ def resnet50(num_classes: int = 10, width: float = 1.0, seed: int = 0):
             self.stem = nn.Sequential(nn.Conv2d(3, stem, 7, 2, 3, bias=False),
                                       nn.BatchNorm2d(stem), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
             layers, cin = [], stem
-            for i, (mid, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+            for i, (mid, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
                 mid = _ch(mid, width)
-                for j in range(blocks):
-                    layers.append(Bottleneck(cin, mid, 4 * mid, 2 if i > 0 and j == 0 else 1))
+                for b in range(blocks):
+                    layers.append(Bottleneck(cin, mid, 4 * mid, 2 if i > 0 and b == 0 else 1))
                     cin = 4 * mid
             self.layers = nn.Sequential(*layers)
             self.fc = nn.Linear(cin, num_classes)
