@@ -190,43 +190,4 @@ def test_tensorflow_style_is_training_batch_norm(rng):
     assert_close(y, ref[0], "float32", "y")
 
 
-# ----------------------------------------------------------------------------- whole networks
-
-def _network(name, bn, width, hw):
-    torch = pytest.importorskip("torch")
-    from topi_bn.testing.models import MODELS
-
-    net = MODELS[name](width=width).eval()
-    x = torch.from_numpy(np.random.default_rng(1).standard_normal((1, 3, hw, hw))
-                         .astype("float32"))
-    mod = tr.from_exported_program(torch.export.export(net, (x,)), keep_buffer_updates=False)
-    mod = tr.apply_bn_mode(mod, bn, target=TARGET)
-    (out,) = _run(mod, x.numpy())
-    with torch.no_grad():
-        ref = net(x).numpy()
-    # 20-50 layers of float32 arithmetic in a different order than PyTorch's
-    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3, err_msg=f"{name} bn={bn}")
-    return mod
-
-
-def _count_kernels(mod, word):
-    return sum(1 for gv in mod.get_global_vars() if word in gv.name_hint)
-
-
-@pytest.mark.parametrize("bn", ["fused", "folded"])
-def test_mobilenet_v2_small(bn):
-    mod = _network("mobilenet_v2", bn, width=0.25, hw=32)
-    kernel = "conv2d_bn_relu" if bn == "fused" else "conv2d_shift_act"
-    assert _count_kernels(mod, kernel) > 10
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bn", ["unpacked", "opaque"])
-def test_mobilenet_v2_small_other_modes(bn):
-    _network("mobilenet_v2", bn, width=0.25, hw=32)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bn", ["fused", "folded", "unpacked", "opaque"])
-def test_resnet18_small(bn):
-    _network("resnet18", bn, width=0.25, hw=32)
+# Whole networks (ResNet-18/50, MobileNetV2) through both import paths: tests/test_models.py.
