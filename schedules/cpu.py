@@ -35,7 +35,7 @@ from tvm.target import Target
 
 from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
-from .common import inline_consumers, op_blocks
+from .common import inline_consumers, op_blocks, stats_blocks
 
 
 __all__ = [
@@ -298,12 +298,6 @@ class NormStatsConfig:
                    tasks=_largest_divisor(groups, 4 * p.cores))
 
 
-def _stats_blocks(blocks: dict, p: str) -> dict:
-    """The statistics blocks of op prefix ``p`` by level and kind: ``{("chunk", "mean"): ...}``."""
-    return {(lvl or "total", kind): blocks[f"{p}_{lvl + '_' if lvl else ''}{kind}"]
-            for lvl in ("chunk", "group", "") for kind in ("mean", "lo", "sq")}
-
-
 def _iter_loops(sch: tvm.s_tir.Schedule, block) -> list:
     """The innermost loops of ``block``, one per block iter in iter order: what
     ``(reverse_)compute_at(..., preserve_unit_loops=True)`` creates."""
@@ -440,7 +434,7 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     axis = _channel_position(sch, norm)
     inline_consumers(sch, norm)
     shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars]
-    st = _stats_blocks(blocks, "bn")
+    st = stats_blocks(blocks, "bn")
     per_channel = ["bn_var", "bn_scale"] + [b for b in (
         "bn_batch_mean", "bn_batch_var", "bn_running_mean", "bn_running_var") if b in blocks]
     if axis < len(shape) - 1:  # channel-major: (C, G, K) statistics, one task per channel
@@ -483,7 +477,7 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     blocks = op_blocks(sch, anchor)
     norm = blocks["ln_norm"]
     inline_consumers(sch, norm)
-    st = _stats_blocks(blocks, "ln")
+    st = stats_blocks(blocks, "ln")
     n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3  # rows..., j, g, the chunk's values
     groups = _extent(sch, sch.get_loops(st["chunk", "mean"])[n_rows + 1])
     cols_shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars[n_rows:]]

@@ -114,7 +114,9 @@ class _Walker:
         return seen
 
     def _pinned(self) -> frozenset:
-        """Thread vars (extent > 1) that the enclosing conditions fix to one value."""
+        """Thread vars (extent > 1) that the enclosing conditions fix to one value: by the
+        bounds the conditions imply (``threadIdx.x < 1``), or by an equation whose thread
+        terms cannot cancel (``threadIdx.x + threadIdx.y * 32 == 0``)."""
         if not self.conditions:
             return frozenset()
         ana = tvm.sym.Analyzer()
@@ -125,19 +127,45 @@ class _Walker:
                 ana.bind(v, value)
             except Exception:  # noqa: BLE001 - a non-integer let; irrelevant for thread indices
                 pass
+        pinned = set()
+        threads = [v for v, ext in self.threads.items() if ext > 1]
+        for cond in self.conditions:
+            for eq in _conjuncts(cond):
+                pinned |= self._pinned_by(ana, eq, threads)
         scopes = [ana.constraint_scope(cond) for cond in self.conditions]
         for scope in scopes:
             scope.__enter__()
         try:
-            pinned = set()
-            for v, ext in self.threads.items():
+            for v in threads:
                 bound = ana.const_int_bound(v)
-                if ext > 1 and bound.min_value == bound.max_value:
+                if bound.min_value == bound.max_value:
                     pinned.add(v)
         finally:
             for scope in reversed(scopes):
                 scope.__exit__(None, None, None)
         return frozenset(pinned)
+
+    def _pinned_by(self, ana, cond, threads) -> set:
+        """Thread vars an equation ``sum(a_i * t_i) + c == 0`` fixes: all of them when it has
+        one thread term, or when every coefficient has the sign that makes ``c`` the only
+        reachable value (the threads start at 0)."""
+        if not isinstance(cond, tvm.ir.prim.expr.EQ):
+            return set()
+        expr = ana.simplify(cond.a - cond.b)  # let-bound vars are bound in ana
+        coeffs = tvm.sym.detect_linear_equation(expr, threads)
+        if len(coeffs) != len(threads) + 1:
+            return set()
+        terms = [(v, c) for v, c in zip(threads, coeffs[:-1])
+                 if not (isinstance(c, tvm.ir.prim.expr.IntImm) and int(c) == 0)]
+        if not terms or not all(isinstance(c, tvm.ir.prim.expr.IntImm) for _, c in terms):
+            return set()
+        const = coeffs[-1]
+        if len(terms) == 1:
+            return {terms[0][0]}
+        signs = {int(c) > 0 for _, c in terms}
+        if isinstance(const, tvm.ir.prim.expr.IntImm) and int(const) == 0 and len(signs) == 1:
+            return {v for v, _ in terms}
+        return set()
 
     def _free_threads(self, pinned) -> set:
         return {v for v, ext in self.threads.items() if ext > 1 and v not in pinned}
@@ -243,6 +271,12 @@ class _Walker:
                                    f"the same location"))
         if not deps & set(self.threads):
             self.pending[buf.name] = _Pending(pinned, text)
+
+
+def _conjuncts(cond) -> list:
+    if isinstance(cond, tvm.ir.prim.expr.And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
 
 
 def _is_barrier(e) -> bool:
