@@ -34,7 +34,8 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
     p.add_argument("--workloads", default="smoke",
-                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke), 'all', or "
+                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, gpu), 'all' "
+                        "(all but smoke and gpu), or "
                         "comma-separated workload names (default: smoke)")
     p.add_argument("--trials", type=_positive_int, default=16,
                    help="measured candidates per workload (default: 16)")
