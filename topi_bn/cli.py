@@ -35,8 +35,8 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
     p.add_argument("--workloads", default="smoke",
-                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, or a "
-                        "blocked-layout group such as resnet50-nchw8c), 'all', or "
+                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, gpu, or a "
+                        "blocked-layout group such as resnet50-nchw8c), 'all' (all but smoke and gpu), or "
                         "comma-separated workload names (default: smoke); on a CPU target "
                         "resnet50, mobilenetv2 and all also tune the blocked-layout kernels for "
                         "the target's block size")
