@@ -39,7 +39,7 @@ __all__ = [
     "ANCHORS", "RULE_PREFIX", "topi_bn_blocks", "schedule_function", "apply_default_schedules",
     "template_space", "strip_rules", "register_family", "target_scope", "family_for",
     "has_topi_bn_blocks", "block_rule", "base_name", "op_blocks", "inline_consumers",
-    "OUTPUT_BLOCKS", "CPU_ONLY_OPS",
+    "OUTPUT_BLOCKS", "CPU_ONLY_OPS", "stats_blocks",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -117,6 +117,14 @@ def op_blocks(sch: tvm.s_tir.Schedule, anchor) -> dict:
             found[name] = nxt
             todo.append(nxt)
     return {base_name(n): b for n, b in found.items()}
+
+
+def stats_blocks(blocks: dict, prefix: str) -> dict:
+    """The blocked statistics of an op (:mod:`topi_bn.compute.statistics`; ``prefix`` ``bn`` or
+    ``ln``) from :func:`op_blocks`, keyed ``(level, kind)``: level ``chunk``, ``group`` or
+    ``total``, kind ``mean``, ``lo`` or ``sq``."""
+    return {(lvl or "total", kind): blocks[f"{prefix}_{lvl + '_' if lvl else ''}{kind}"]
+            for lvl in ("chunk", "group", "") for kind in ("mean", "lo", "sq")}
 
 
 def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:

@@ -28,6 +28,7 @@ op's epilogue when ``reverse_compute_inline`` allows it, else left for the gener
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,12 +37,12 @@ from tvm.target import Target
 
 from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
-from .common import inline_consumers, op_blocks
+from .common import inline_consumers, op_blocks, stats_blocks
 from .cpu_conv_nchwc import schedule_conv_nchwc
 
 
 __all__ = [
-    "CpuParams", "ConvConfig", "BatchNormTrainConfig", "LayerNormConfig", "BatchNormInferConfig",
+    "CpuParams", "ConvConfig", "NormStatsConfig", "BatchNormInferConfig",
     "cpu_params", "schedule_op",
 ]
 
@@ -262,66 +263,171 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
         sch.parallel(sch.fuse(pad_loops[0], pad_loops[1]))
 
 
-# -- batch-norm, training -------------------------------------------------------------------------
+# -- blocked statistics: training batch-norm, layer_norm -------------------------------------------
 @dataclass(frozen=True)
-class BatchNormTrainConfig:
-    """Knobs of training batch-norm.
+class NormStatsConfig:
+    """Knobs of training batch-norm and layer_norm: the blocked two-pass statistics
+    (:mod:`topi_bn.compute.statistics`, a ``(b, G, K)`` view of each reduction) and the
+    normalization after them.
 
     Attributes
     ----------
-    acc_lanes : int
-        Partial sums per reduction (a multiple of the vector lanes: several registers hide the
-        add latency); channel-major layouts only.
+    vectors : int
+        Vectors per tile of the statistics passes along their vectorized axis (the groups ``K``
+        of a row or channel for channel-major data, the channels for channels-last data):
+        independent accumulators that hide the add latency. A vector has the target's fp32
+        lanes (or the largest power of two below that dividing the axis).
     norm_tile : int
         Vectorized tile of the normalization's inner loop.
-    chunks : int
-        Parallel row chunks of the partial sums; channels-last layouts only.
+    tasks : int
+        Parallel tasks over the groups ``K`` (channels-last data; channel-major data runs one
+        task per row or channel).
     """
 
-    acc_lanes: int
+    vectors: int
     norm_tile: int
-    chunks: int = 1
+    tasks: int = 1
+
+    @staticmethod
+    def candidates(fast: int, inner: int, groups: int, p: CpuParams) -> dict:
+        per = fast // _vector_width(fast, p.lanes)
+        return {"vectors": _divisors(per, 8), "norm_tile": _vector_candidates(inner, p.lanes, 8),
+                "tasks": _divisors(groups, 8 * p.cores)}
 
     @classmethod
-    def default(cls, inner: int, rows: int, channel_major: bool, p: CpuParams):
-        if channel_major:
-            acc = _vector_tile(inner, p.lanes, 4)
-            return cls(acc_lanes=acc, norm_tile=_vector_tile(inner, p.lanes, 4))
-        chunks = _largest_divisor(rows, 4 * p.cores)
-        return cls(acc_lanes=1, norm_tile=_vector_tile(inner, p.lanes, 4), chunks=chunks)
+    def default(cls, fast: int, inner: int, groups: int, p: CpuParams) -> "NormStatsConfig":
+        per = fast // _vector_width(fast, p.lanes)
+        return cls(vectors=_largest_divisor(per, 8), norm_tile=_vector_tile(inner, p.lanes, 4),
+                   tasks=_largest_divisor(groups, 4 * p.cores))
 
 
-def _rfactor_lanes(sch: tvm.s_tir.Schedule, block, n_outer: int, lanes):
-    """Vectorizable partial sums of a reduction block whose first ``n_outer`` loops are
-    spatial: its reduction loops after the first ``n_outer`` loops are fused, split by ``lanes`` and
-    the lane loop is ``rfactor``-ed into a block of ``lanes`` partial sums (then a combine).
-
-    Returns ``(rf_block, lane_loop_name)``.
-    """
-    red = sch.get_loops(block)[n_outer:]
-    fused = sch.fuse(*red) if len(red) > 1 else red[0]
-    _, lane = sch.split(fused, [None, lanes])
-    name = sch.get(lane).loop_var.name
-    return sch.rfactor(lane, factor_axis=0), name
+def _iter_loops(sch: tvm.s_tir.Schedule, block) -> list:
+    """The innermost loops of ``block``, one per block iter in iter order: what
+    ``(reverse_)compute_at(..., preserve_unit_loops=True)`` creates."""
+    return list(sch.get_loops(block))[-len(sch.get(block).iter_vars):]
 
 
-def _finish_rf(sch: tvm.s_tir.Schedule, rf, lane_name: str, n_outer: int) -> None:
-    """Move the lane loop of an rfactor block innermost, vectorize it, and hoist the init.
+def _vector_width(extent: int, lanes: int) -> int:
+    """Elements of one vector along an axis of ``extent`` (which the vector must divide):
+    ``lanes``, else the largest power of two dividing it (a part-width register; LLVM handles
+    odd vector lengths poorly)."""
+    if extent % lanes == 0:
+        return lanes
+    return max(d for d in _divisors(extent, lanes) if d & (d - 1) == 0)
 
-    The lane loop is found by name, or, after ``reverse_compute_at`` regenerated the loops
-    (one per block iter, in iter order), by the position of its iter."""
-    loops = sch.get_loops(rf)[n_outer:]
-    names = [sch.get(lp).loop_var.name for lp in loops]
-    if lane_name in names:
-        lane = loops[names.index(lane_name)]
-    else:
-        iters = [iv.var.name for iv in sch.get(rf).iter_vars]
-        lane = loops[iters.index("v" + lane_name)]
-    others = [lp for lp in loops if not lp.same_as(lane)]
-    sch.reorder(*others, lane)
-    sch.vectorize(lane)
-    init = sch.decompose_reduction(rf, others[0])
-    _vectorize_innermost(sch, init)
+
+def _split_tile(sch: tvm.s_tir.Schedule, loop, vectors, v: int) -> list:
+    """``loop`` split into ``[outer,] vectors, v``: tiles of ``vectors`` (None: the whole loop)
+    vectors of ``v`` lanes."""
+    ext = _extent(sch, loop)
+    if vectors is None:
+        return list(sch.split(loop, [ext // v, v]))
+    return list(sch.split(loop, [None, vectors, v]))
+
+
+def _vector_pass(sch: tvm.s_tir.Schedule, blocks: list, spatial: list, red: int, vectors,
+                 v: int) -> None:
+    """One vectorized pass of sibling reduction blocks with the same loops (``_iter_loops``
+    positions ``spatial`` and ``red``): the reduction loop goes outside the spatial ones, the last
+    spatial loop is cut into tiles of ``vectors`` unrolled vectors of ``v`` lanes (None: the whole
+    loop), the
+    blocks' loop nests are merged (one read of their common inputs) and the inits
+    hoisted."""
+    nests = []
+    for blk in blocks:
+        loops = _iter_loops(sch, blk)
+        sp = [loops[k] for k in spatial]
+        sp[-1:] = _split_tile(sch, sp[-1], vectors, v)
+        sch.reorder(loops[red], *sp)
+        nests.append([loops[red]] + sp)
+    merged = nests[0]
+    if len(nests) > 1:
+        merged = [sch.merge(*[n[depth] for n in nests]) for depth in range(len(nests[0]))]
+    sch.vectorize(merged[-1])
+    sch.unroll(merged[-2])
+    for blk in blocks:
+        _vectorize_innermost(sch, sch.decompose_reduction(blk, merged[0]))
+
+
+def _lane_partials(sch: tvm.s_tir.Schedule, blocks: list, lanes: int) -> list:
+    """``rfactor`` each reduction block's last loop (a short axis) into ``lanes`` partial sums;
+    returns the partial-sum blocks (iters: lane, the block's spatial iters, the serial part), or
+    ``[]`` when the axis has no divisor of at least 2 up to ``lanes``. Must run before the blocks
+    are moved under a loop that holds other blocks."""
+    lanes = _largest_divisor(_extent(sch, sch.get_loops(blocks[0])[-1]), lanes)
+    if lanes < 2:
+        return []
+    out = []
+    for blk in blocks:
+        _, lane = sch.split(sch.get_loops(blk)[-1], [None, lanes])
+        out.append(sch.rfactor(lane, factor_axis=0))
+    return out
+
+
+def _schedule_stats_rows(sch: tvm.s_tir.Schedule, st: dict, n_outer: int, vectors, v: int,
+                         lanes: int, after: list) -> object:
+    """Channel-major statistics: one parallel task per row (layer_norm) or channel (NCHW
+    batch-norm). For each chunk row ``j`` and tile of ``vectors`` vectors of ``v`` groups, the
+    chunk mean reads the tile's ``b`` strided rows, and the deviation passes read them again from
+    L1 in one merged loop; the group passes run vectorized over the groups, the total passes over
+    ``lanes`` partial sums; the blocks ``after`` (per-row results, the normalization) follow in
+    the same task. Returns the parallel loop."""
+    total = {kinds: [st["total", k] for k in kinds] for kinds in (("mean",), ("lo", "sq"))}
+    partials = {kinds: _lane_partials(sch, blks, lanes) for kinds, blks in total.items()}
+    cm = st["chunk", "mean"]
+    loops = sch.get_loops(cm)
+    row = sch.fuse(*loops[:n_outer]) if n_outer > 1 else loops[0]
+    jj, g, i = sch.get_loops(cm)[1:]
+    g_o, g_u, g_v = _split_tile(sch, g, vectors, v)
+    sch.reorder(g_o, i, g_u, g_v)
+    for kind in ("lo", "sq"):
+        sch.reverse_compute_at(st["chunk", kind], g_o, preserve_unit_loops=True)
+    for kind in ("mean", "lo", "sq"):
+        sch.reverse_compute_at(st["group", kind], row, preserve_unit_loops=True)
+    for kinds in total:
+        for block in partials[kinds] + total[kinds]:
+            sch.reverse_compute_at(block, row, preserve_unit_loops=True)
+    for block in after:
+        sch.reverse_compute_at(block, row, preserve_unit_loops=True)
+    sch.parallel(row)
+    sch.vectorize(g_v)
+    sch.unroll(g_u)
+    _vectorize_innermost(sch, sch.decompose_reduction(cm, i))
+    n = len(sch.get(cm).iter_vars)  # rows..., j, g, the chunk's values
+    _vector_pass(sch, [st["chunk", "lo"], st["chunk", "sq"]], [n - 2], n - 1, None, v)
+    for kinds in (["mean"], ["lo", "sq"]):
+        _vector_pass(sch, [st["group", k] for k in kinds], [n - 3], n - 2, vectors, v)
+    for rfs in partials.values():
+        if rfs:  # iters: lane, rows..., the serial part
+            _vector_pass(sch, rfs, [0], n - 2, None, _extent(sch, _iter_loops(sch, rfs[0])[0]))
+    return row
+
+
+def _schedule_stats_channels_last(sch: tvm.s_tir.Schedule, st: dict, vectors, v: int, tasks,
+                                  positions: int) -> None:
+    """Channels-last statistics (the channel is the data's contiguous axis): vectorized over
+    channels, ``tasks`` parallel tasks over the groups ``K``; inside a task, ``positions``
+    groups at a time run the chunk passes (their data stays in L1 for the second and third
+    read) and then the group passes; the total passes follow, vectorized over channels."""
+    cm = st["chunk", "mean"]
+    jj, g, c, i = sch.get_loops(cm)
+    g_task, g_tile, g_in = sch.split(g, [tasks, None, positions])
+    c_o, c_u, c_v = _split_tile(sch, c, vectors, v)
+    sch.reorder(g_task, g_tile, jj, i, g_in, c_o, c_u, c_v)
+    for kind in ("lo", "sq"):
+        sch.reverse_compute_at(st["chunk", kind], jj, preserve_unit_loops=True)
+    for kind in ("mean", "lo", "sq"):
+        sch.reverse_compute_at(st["group", kind], g_tile, preserve_unit_loops=True)
+    sch.parallel(g_task)
+    sch.vectorize(c_v)
+    sch.unroll(c_u)
+    _vectorize_innermost(sch, sch.decompose_reduction(cm, i))
+    chunk_dev = [st["chunk", "lo"], st["chunk", "sq"]]
+    _vector_pass(sch, chunk_dev, [1, 2], 3, vectors, v)                         # j, g, c, i
+    for kinds in (["mean"], ["lo", "sq"]):
+        _vector_pass(sch, [st["group", k] for k in kinds], [0, 1], 2, vectors, v)  # g, c, j
+    for kinds in (["mean"], ["lo", "sq"]):
+        _vector_pass(sch, [st["total", k] for k in kinds], [0], 1, vectors, v)     # c, g
 
 
 def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
@@ -331,87 +437,42 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     axis = _channel_position(sch, norm)
     inline_consumers(sch, norm)
     shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars]
-    rank = len(shape)
-    inner = 1
-    for e in shape[axis + 1:]:
-        inner *= e
-    rows = 1
-    for i, e in enumerate(shape):
-        if i != axis:
-            rows *= e
-    channel_major = axis < rank - 1
-    stats = ["bn_sum", "bn_mean", "bn_sqdev", "bn_var", "bn_scale"]
-    outs = [b for b in ("bn_batch_mean", "bn_batch_var", "bn_running_mean", "bn_running_var")
-            if b in blocks]
-
-    if channel_major:
-        cfg = BatchNormTrainConfig.default(inner, rows, True, p)
-        acc = _knob(sch, tunable, _vector_candidates(inner, p.lanes, 8), cfg.acc_lanes)
-        nt = _knob(sch, tunable, _vector_candidates(inner, p.lanes, 8), cfg.norm_tile)
-        # partial sums over the contiguous axes after the channel, vectorized
-        n_keep = 1 + axis                     # channel loop + the reductions before it
-        rf_sum, lane_sum = _rfactor_lanes(sch, blocks["bn_sum"], n_keep, acc)
-        rf_sq, lane_sq = _rfactor_lanes(sch, blocks["bn_sqdev"], n_keep, acc)
-        c_loop = sch.get_loops(rf_sum)[0]
-        # everything else per channel, under the first pass's channel loop
-        for blk in [blocks["bn_sum"], blocks["bn_mean"], rf_sq] + \
-                [blocks[nm] for nm in stats[2:] + ["bn_norm"] + outs]:
-            sch.reverse_compute_at(blk, c_loop, preserve_unit_loops=True)
-        sch.parallel(c_loop)
-        _finish_rf(sch, rf_sum, lane_sum, 1)
-        _finish_rf(sch, rf_sq, lane_sq, 1)
-        n_before = axis
-        nl = sch.get_loops(norm)[1:]
-        # norm loops under c: the data's other axes in order; fuse those after the channel
-        after = nl[n_before:]
+    st = stats_blocks(blocks, "bn")
+    per_channel = ["bn_var", "bn_scale"] + [b for b in (
+        "bn_batch_mean", "bn_batch_var", "bn_running_mean", "bn_running_var") if b in blocks]
+    if axis < len(shape) - 1:  # channel-major: (C, G, K) statistics, one task per channel
+        inner = math.prod(shape[axis + 1:])
+        fast = _extent(sch, sch.get_loops(st["chunk", "mean"])[2])  # the groups K
+        cfg = NormStatsConfig.default(fast, inner, 1, p)
+        cands = NormStatsConfig.candidates(fast, inner, 1, p)
+        vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
+        nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+        _schedule_stats_rows(sch, st, 1, vectors, _vector_width(fast, p.lanes), p.lanes,
+                             [blocks[n] for n in per_channel + ["bn_norm"]])
+        after = sch.get_loops(norm)[1 + axis:]  # the data's axes after the channel
         fused = sch.fuse(*after) if len(after) > 1 else after[0]
         _, v = sch.split(fused, [None, nt])
         sch.vectorize(v)
         return
 
-    # channels last: partial sums over row chunks, vectorized over channels
-    cfg = BatchNormTrainConfig.default(shape[axis], rows, False, p)
-    chunks = _knob(sch, tunable, _divisors(rows, 8 * p.cores), cfg.chunks)
-    nt = _knob(sch, tunable, _vector_candidates(shape[axis], p.lanes, 4), cfg.norm_tile)
-    for name in ("bn_sum", "bn_sqdev"):
-        blk = blocks[name]
-        c_loop, *red = sch.get_loops(blk)
-        fused = sch.fuse(*red) if len(red) > 1 else red[0]
-        ch, _ = sch.split(fused, [chunks, None])
-        rf = sch.rfactor(ch, factor_axis=0)
-        c, chunk, within = sch.get_loops(rf)
-        sch.reorder(chunk, within, c)
-        sch.parallel(chunk)
-        sch.vectorize(c)
-        init = sch.decompose_reduction(rf, within)
-        _vectorize_innermost(sch, init)
+    # channels last: (G, K, C) statistics vectorized over channels
+    chans = shape[axis]
+    _, groups, _, chunk = (_extent(sch, lp) for lp in sch.get_loops(st["chunk", "mean"]))
+    cfg = NormStatsConfig.default(chans, chans, groups, p)
+    cands = NormStatsConfig.candidates(chans, chans, groups, p)
+    vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
+    nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+    tasks = _knob(sch, tunable, cands["tasks"], cfg.tasks)
+    # groups per step: their chunks (b rows of all channels) stay in half the L1 cache
+    positions = 1 if tunable else _largest_divisor(
+        groups // cfg.tasks, max(1, p.l1_bytes // 2 // (4 * chans * chunk)))
+    _schedule_stats_channels_last(sch, st, vectors, _vector_width(chans, p.lanes), tasks,
+                                  positions)
     nl = sch.get_loops(norm)
     outer = sch.fuse(*nl[:-1]) if len(nl) > 2 else nl[0]
-    c0, c1 = sch.split(nl[-1], [None, nt])
+    _, c1 = sch.split(nl[-1], [None, nt])
     sch.parallel(outer)
     sch.vectorize(c1)
-
-
-# -- layer_norm -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LayerNormConfig:
-    """Knobs of layer_norm.
-
-    Attributes
-    ----------
-    acc_lanes : int
-        Partial sums per row reduction (several vector registers hide the add latency).
-    norm_tile : int
-        Vectorized tile of the normalization.
-    """
-
-    acc_lanes: int
-    norm_tile: int
-
-    @classmethod
-    def default(cls, cols: int, p: CpuParams) -> "LayerNormConfig":
-        return cls(acc_lanes=_vector_tile(cols, p.lanes, 4),
-                   norm_tile=_vector_tile(cols, p.lanes, 4))
 
 
 def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
@@ -419,25 +480,18 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     blocks = op_blocks(sch, anchor)
     norm = blocks["ln_norm"]
     inline_consumers(sch, norm)
-    total = blocks["ln_sum"]
-    n_rows = len(sch.get(total).iter_vars) - len(_reduction_loop_names(sch, total))
-    lps = sch.get_loops(total)
-    row = sch.fuse(*lps[:n_rows]) if n_rows > 1 else lps[0]
-    cols = 1
-    for lp in lps[n_rows:]:
-        cols *= _extent(sch, lp)
-    cfg = LayerNormConfig.default(cols, p)
-    acc = _knob(sch, tunable, _vector_candidates(cols, p.lanes, 8), cfg.acc_lanes)
-    nt = _knob(sch, tunable, _vector_candidates(cols, p.lanes, 8), cfg.norm_tile)
-    rf_sum, lane_sum = _rfactor_lanes(sch, total, 1, acc)
-    rf_sq, lane_sq = _rfactor_lanes(sch, blocks["ln_sqdev"], n_rows, acc)
-    row = sch.get_loops(rf_sum)[0]
-    for blk in [total, blocks["ln_mean"], rf_sq] + [blocks[nm] for nm in (
-            "ln_sqdev", "ln_rstd", "ln_norm", "ln_mean_out", "ln_rstd_out") if nm in blocks]:
-        sch.reverse_compute_at(blk, row, preserve_unit_loops=True)
-    sch.parallel(row)
-    _finish_rf(sch, rf_sum, lane_sum, 1)
-    _finish_rf(sch, rf_sq, lane_sq, 1)
+    st = stats_blocks(blocks, "ln")
+    n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3  # rows..., j, g, the chunk's values
+    groups = _extent(sch, sch.get_loops(st["chunk", "mean"])[n_rows + 1])
+    cols_shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars[n_rows:]]
+    fast = groups
+    cfg = NormStatsConfig.default(fast, math.prod(cols_shape), 1, p)
+    cands = NormStatsConfig.candidates(fast, math.prod(cols_shape), 1, p)
+    vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
+    nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+    _schedule_stats_rows(sch, st, n_rows, vectors, _vector_width(fast, p.lanes), p.lanes,
+                         [blocks[n] for n in ("ln_rstd", "ln_norm", "ln_mean_out", "ln_rstd_out")
+                          if n in blocks])
     nl = sch.get_loops(norm)[1:]
     fused = sch.fuse(*nl) if len(nl) > 1 else nl[0]
     _, v = sch.split(fused, [None, nt])

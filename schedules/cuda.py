@@ -34,7 +34,7 @@ import tvm
 from tvm.target import Target
 
 from . import common
-from .common import block_rule, inline_consumers, op_blocks
+from .common import block_rule, inline_consumers, op_blocks, stats_blocks
 
 __all__ = [
     "GpuLimits", "ConvKnobs", "DepthwiseKnobs", "BatchNormTrainKnobs", "ElementwiseKnobs",
@@ -446,110 +446,8 @@ def _schedule_depthwise(sch, conv, target: Target, tunable: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# batch_norm (training: two block-level reductions; inference: elementwise)
+# batch_norm, inference: elementwise
 # --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BatchNormTrainKnobs:
-    """``threads`` per block of the reductions; ``blocks_per_channel`` > 1 splits each
-    channel's reduction over several blocks plus a combine stage; ``channel_threads``
-    (channel-last data only) is how many channels a block covers on ``threadIdx.x``."""
-
-    threads: int
-    blocks_per_channel: int
-    channel_threads: int = 1
-    items_per_thread: int = 32
-
-    @classmethod
-    def default(cls, count: int, channels: int, channel_last: bool,
-                limits: GpuLimits) -> "BatchNormTrainKnobs":
-        threads = limits.block_threads
-        ct = _divisor_at_most(channels, limits.warp) if channel_last else 1
-        rows_threads = threads // ct
-        per_block = rows_threads * cls.items_per_thread
-        bpc = 1 if count <= per_block else _divisor_near(count, count / per_block)
-        return cls(threads=threads, blocks_per_channel=bpc, channel_threads=ct)
-
-
-def _channel_reduction(sch, block, epilogues: list, kn_threads, bpc, ct, channel_last: bool,
-                       limits: GpuLimits) -> None:
-    """Schedule a per-channel reduction ``block`` (loops: channel, then the reduced axes) and
-    attach the per-channel ``epilogues`` after it."""
-    loops = sch.get_loops(block)
-    r = sch.fuse(*loops[1:]) if len(loops) > 2 else loops[1]
-    row_threads = kn_threads // ct if isinstance(kn_threads, int) else kn_threads
-    one_block = isinstance(bpc, int) and bpc == 1
-    if one_block:
-        r_ser, r_t = sch.split(r, [None, row_threads])
-        rf_block, combine = block, None
-    else:
-        rb, r_ser, r_t = sch.split(r, [bpc, None, row_threads])
-        rf_block = sch.rfactor(rb, factor_axis=0)
-        combine = block
-    rf_loops = sch.get_loops(rf_block)
-    # rf block loops: c, [rb], r_ser, r_t  (rfactor keeps the loop nest)
-    if channel_last:
-        co, ci = sch.split(rf_loops[0], [None, ct])
-        outer = [co] + rf_loops[1:-2]
-        # cross-thread reduction wants the reduction loops deepest: channels (threadIdx.x,
-        # coalesced) outside, then the serial rows, then the rows on threadIdx.y
-        sch.reorder(*outer, ci, rf_loops[-2], rf_loops[-1])
-        sch.bind(sch.fuse(*outer) if len(outer) > 1 else outer[0], "blockIdx.x")
-        sch.bind(ci, "threadIdx.x")
-        sch.bind(rf_loops[-1], "threadIdx.y")
-    else:
-        outer = rf_loops[:-2]
-        sch.reorder(*outer, rf_loops[-1], rf_loops[-2])
-        sch.bind(sch.fuse(*outer) if len(outer) > 1 else outer[0], "blockIdx.x")
-        sch.bind(rf_loops[-1], "threadIdx.x")
-    if combine is None:
-        attach = sch.get_loops(rf_block)[0]
-        result = rf_block
-    else:
-        cl = sch.get_loops(combine)
-        cbx, ctx = sch.split(cl[0], [None, min(128, limits.max_threads)])
-        sch.bind(cbx, "blockIdx.x")
-        sch.bind(ctx, "threadIdx.x")
-        attach = ctx
-        result = combine
-    for epi in epilogues:
-        sch.reverse_compute_at(epi, attach)
-    return result
-
-
-def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
-    limits = GpuLimits.from_target(target)
-    b = op_blocks(sch, norm)
-    _inline_producers(sch, b)
-    sum_block = b["bn_sum"]
-    info = sch.get(sum_block)
-    spatial = [iv for iv in info.iter_vars if iv.iter_type == tvm.tirx.IterVar.DataPar]
-    reduce_ = [iv for iv in info.iter_vars if iv.iter_type == tvm.tirx.IterVar.CommReduce]
-    channels = int(spatial[0].dom.extent)
-    count = 1
-    for iv in reduce_:
-        count *= int(iv.dom.extent)
-    # channel-last: the channel is the data's innermost index
-    data_region = info.reads[0].region
-    last = data_region[-1].min
-    channel_last = isinstance(last, tvm.tirx.Var) and last.same_as(spatial[0].var)
-    kn = BatchNormTrainKnobs.default(count, channels, channel_last, limits)
-    threads = kn.threads
-    if tunable:
-        choices = sorted({1, kn.blocks_per_channel, _divisor_near(count, kn.blocks_per_channel * 2),
-                          _divisor_near(count, max(1, kn.blocks_per_channel // 2))})
-        bpc = _pick(sch, True, choices, kn.blocks_per_channel)
-    else:
-        bpc = kn.blocks_per_channel
-    firsts = [b[n] for n in ("bn_mean", "bn_batch_mean", "bn_running_mean") if n in b]
-    seconds = [b[n] for n in ("bn_var", "bn_scale", "bn_batch_var", "bn_running_var") if n in b]
-    inline_consumers(sch, norm)
-    _channel_reduction(sch, sum_block, firsts, threads, bpc, kn.channel_threads, channel_last,
-                       limits)
-    _channel_reduction(sch, b["bn_sqdev"], seconds, threads, bpc, kn.channel_threads,
-                       channel_last, limits)
-    _schedule_normalize(sch, norm, limits, tunable)
-
-
 @dataclass(frozen=True)
 class ElementwiseKnobs:
     """``threads`` per block; ``vector`` consecutive elements per thread (16-byte accesses
@@ -588,31 +486,232 @@ def _schedule_bn_infer(sch, norm, target: Target, tunable: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# layer_norm
+# Blocked statistics (training batch-norm and layer_norm): shared helpers
+# --------------------------------------------------------------------------------------------
+# The computes (topi_bn.compute.statistics) view the n values of one channel or row as (G, b, K)
+# in memory order: chunks (j, g) of b values, groups g of G chunks, K groups. Consecutive groups
+# g are consecutive in memory, so threads run along g (or along the channels of channels-last
+# data): coalesced loads. A thread computes its chunks' two passes in registers (no other thread
+# reads them); the group and total levels are cross-thread reductions whose results are
+# written once, by the thread TVM's lowering guards, into shared (or global) memory that the
+# other threads read after the barrier TVM inserts. Nothing that several threads read is written
+# by more than one thread (checked by topi_bn.testing.cuda_races).
+def _stat_extents(sch, st: dict) -> tuple[int, int, int]:
+    """(G, K, b) of the statistics: the chunk block's last three iters are j, g (or, channels
+    last, j, g, c) and the chunk's values."""
+    it = [int(iv.dom.extent) for iv in sch.get(st["chunk", "mean"]).iter_vars]
+    return it[-3], it[-2], it[-1]
+
+
+def _guard(sch, block, threads: list) -> None:
+    """Run ``block`` on one thread of each ``(tag, extent)`` in ``threads``: a unit loop padded
+    to the extent and bound to the thread index becomes ``if threadIdx.* < 1``."""
+    for tag, extent in threads:
+        unit = sch.add_unit_loop(block)
+        _, inner = sch.split(unit, [None, extent])
+        sch.bind(inner, tag)
+
+
+def _chunk_passes(sch, st: dict, loop, vector: bool = False) -> None:
+    """Under ``loop`` (one chunk row of a thread) run the second pass of the thread's chunks
+    right after the first: it re-reads the same few cache lines, from L1. With ``vector`` the
+    last loop (consecutive groups) is a vector."""
+    for kind in ("lo", "sq"):
+        blk = st["chunk", kind]
+        sch.reverse_compute_at(blk, loop, preserve_unit_loops=True)
+        if vector:
+            lv, li = list(sch.get_loops(blk))[-2:]  # the vector of groups, the chunk's values
+            sch.reorder(li, lv)
+            sch.vectorize(lv)
+
+
+def _bind(sch, pairs) -> None:
+    for loop, tag in pairs:
+        sch.bind(loop, tag)
+
+
+def _fuse(sch, loops):
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def _reduce_to(sch, block, scope: str, readers: list):
+    """``block`` (a cross-thread reduction) writes a ``scope`` cache that ``readers`` (in the
+    same kernel) read; returns the block that copies the cache to the original buffer for the
+    other consumers."""
+    return sch.cache_write(block, 0, scope, consumer_blocks=readers)
+
+
+# --------------------------------------------------------------------------------------------
+# batch_norm, training: statistics in three kernels, then the normalization
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchNormTrainKnobs:
+    """Thread layout of training batch-norm.
+
+    The chunk and group statistics run in one kernel: a block of ``tx`` threads along the data's
+    contiguous axis (the groups ``g`` for channel-major data, the channels for channels-last
+    data) times ``ty`` threads along the chunk rows ``j``; each thread keeps ``G / ty`` chunk
+    states in registers and the group statistics are reduced over ``threadIdx.y``. The totals
+    per channel then reduce the ``K`` group results with ``total_threads`` threads (channel-major)
+    or ``tx`` channels x ``ty`` threads (channels last); the per-channel results and the
+    normalization follow.
+    """
+
+    tx: int
+    ty: int
+    total_threads: int
+
+    @classmethod
+    def default(cls, groups: int, chunk_rows: int, fast: int, limits: GpuLimits):
+        tx = _divisor_at_most(fast, limits.warp)
+        ty = _divisor_at_most(chunk_rows, max(1, limits.block_threads // tx))
+        total = _divisor_at_most(groups, limits.block_threads)
+        return cls(tx=tx, ty=ty, total_threads=total)
+
+
+def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
+    limits = GpuLimits.from_target(target)
+    b = op_blocks(sch, norm)
+    _inline_producers(sch, b)
+    inline_consumers(sch, norm)
+    st = stats_blocks(b, "bn")
+    G, K, _ = _stat_extents(sch, st)
+    channels = int(sch.get(b["bn_var"]).iter_vars[0].dom.extent)
+    # channels last: the chunk buffers are (j, g, c) and the channel is the contiguous axis
+    norm_iters = sch.get(norm).iter_vars
+    channel_last = _channel_axis(sch, norm) == len(norm_iters) - 1
+    fast = channels if channel_last else K
+    kn = BatchNormTrainKnobs.default(K, G, fast, limits)
+    tx = _pick(sch, tunable, [d for d in (8, 16, 32, 64) if fast % d == 0] or [kn.tx], kn.tx)
+    ty = kn.ty
+
+    # kernel 1: chunks (registers) and groups (reduced over threadIdx.y)
+    cm = st["chunk", "mean"]
+    if channel_last:
+        jj, g, c, i = sch.get_loops(cm)
+        c_b, c_x = sch.split(c, [None, tx])
+        j_y, j_s = _split_rows(sch, jj, ty)
+        sch.reorder(g, c_b, c_x, j_y, j_s, i)
+        bx = sch.fuse(g, c_b)
+        x_loop = c_x
+    else:
+        c, jj, g, i = sch.get_loops(cm)
+        g_b, g_x = sch.split(g, [None, tx])
+        j_y, j_s = _split_rows(sch, jj, ty)
+        sch.reorder(c, g_b, g_x, j_y, j_s, i)
+        bx = sch.fuse(c, g_b)
+        x_loop = g_x
+    _bind(sch, [(bx, "blockIdx.x"), (x_loop, "threadIdx.x"), (j_y, "threadIdx.y")])
+    _chunk_passes(sch, st, j_s)
+    for k in ("mean", "lo", "sq"):
+        sch.set_scope(st["chunk", k], 0, "local")
+    # the group mean is read in this kernel (shared copy) and by the totals (global)
+    gm_global = _reduce_to(sch, st["group", "mean"], "shared",
+                           [st["group", "lo"], st["group", "sq"]])
+    for blk in (st["group", "mean"], gm_global, st["group", "lo"], st["group", "sq"]):
+        sch.reverse_compute_at(blk, bx, preserve_unit_loops=True)
+    for blk in (st["group", "mean"], st["group", "lo"], st["group", "sq"]):
+        # loops under bx: the block's spatial iters (units and the tx-long part), then j
+        *sp, jr = list(sch.get_loops(blk))[1:]
+        x_part = next(lp for lp in sp if _extent(sch, lp) > 1) if any(
+            _extent(sch, lp) > 1 for lp in sp) else sp[-1]
+        r_y, r_s = _split_rows(sch, jr, ty)
+        sch.reorder(x_part, r_y, r_s)
+        _bind(sch, [(x_part, "threadIdx.x"), (r_y, "threadIdx.y")])
+    sp = list(sch.get_loops(gm_global))[1:]
+    x_part = next((lp for lp in sp if _extent(sch, lp) > 1), sp[-1])
+    sch.bind(x_part, "threadIdx.x")
+    _guard(sch, gm_global, [("threadIdx.y", ty)])
+
+    # kernel 2: the totals per channel (the mean read in the kernel from a shared copy)
+    tm, tl, tq = st["total", "mean"], st["total", "lo"], st["total", "sq"]
+    mean_global = _reduce_to(sch, tm, "shared", [tl, tq])
+    c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm, mean_global, tl, tq)])
+    if channel_last:  # channels on threadIdx.x (coalesced), groups over threadIdx.y
+        c_b, c_x = sch.split(c, [None, tx])
+        _bind(sch, [(c_b, "blockIdx.x"), (c_x, "threadIdx.x")])
+        red_tag, red_threads = "threadIdx.y", ty
+    else:  # a block per channel, groups over threadIdx.x
+        sch.bind(c, "blockIdx.x")
+        red_tag, red_threads = "threadIdx.x", kn.total_threads
+    for blk in (tm, tl, tq):
+        _, r_t = sch.split(sch.get_loops(blk)[-1], [None, red_threads])
+        sch.bind(r_t, red_tag)
+    _guard(sch, mean_global, [(red_tag, red_threads)])
+
+    # kernel 3: per-channel results, one thread per channel
+    per_channel = [b[n] for n in ("bn_var", "bn_scale", "bn_batch_mean", "bn_batch_var",
+                                  "bn_running_mean", "bn_running_var") if n in b]
+    loop = sch.merge(*[sch.get_loops(blk)[0] for blk in per_channel])
+    c_b, c_t = sch.split(loop, [None, _divisor_at_most(channels, limits.block_threads)])
+    _bind(sch, [(c_b, "blockIdx.x"), (c_t, "threadIdx.x")])
+
+    # kernel 4: the normalization
+    _schedule_normalize(sch, norm, limits, tunable)
+
+
+def _channel_axis(sch, norm) -> int:
+    """Position of the channel among the normalization block's iters (the iter indexing its
+    per-channel reads)."""
+    blk = sch.get(norm)
+    iters = [iv.var for iv in blk.iter_vars]
+    for region in blk.reads:
+        if len(region.region) == 1:
+            idx = region.region[0].min
+            for pos, v in enumerate(iters):
+                if idx.same_as(v):
+                    return pos
+    raise ValueError(f"block {blk.name_hint}: no per-channel read")
+
+
+# --------------------------------------------------------------------------------------------
+# layer_norm: one kernel, a thread block per row (or per few rows)
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LayerNormKnobs:
-    """``rows_per_block`` > 1: one row per warp (``threads`` = warp size); otherwise one row per
-    block of ``threads`` threads."""
+    """Thread layout of the one-kernel layer_norm (row statistics viewed as ``(G, b, K)``).
 
-    threads: int
-    rows_per_block: int
+    ``tx`` threads along the groups ``K`` take ``vec`` consecutive groups each (one vector load
+    per chunk row: coalesced across the warp); ``ty`` threads split the chunk rows ``G``;
+    ``rows`` rows share a block (``threadIdx.z``, only with ``ty == 1``). A thread keeps its
+    ``vec * G / ty`` chunks of ``b`` values in registers, so the two passes of each chunk and
+    the normalization read global memory once; the group statistics reduce over ``threadIdx.y``
+    and the totals over all ``tx * ty`` threads of the row.
+    """
+
+    tx: int
+    ty: int
+    vec: int
+    rows: int
 
     @classmethod
-    def default(cls, rows: int, row_len: int, limits: GpuLimits) -> "LayerNormKnobs":
-        if row_len <= 16 * limits.warp:  # short rows: a warp each, 16 elements per lane at most
-            per_block = _divisor_at_most(rows, max(1, limits.block_threads // limits.warp))
-            return cls(threads=limits.warp, rows_per_block=per_block)
-        threads = min(limits.max_threads, max(limits.block_threads,
-                                              _pow2_at_most(row_len // 8)))
-        return cls(threads=threads, rows_per_block=1)
+    def default(cls, rows: int, groups: int, chunk_rows: int, chunk: int,
+                limits: GpuLimits) -> "LayerNormKnobs":
+        budget = limits.block_threads
+        ty = next((d for d in (4, 2) if chunk_rows % d == 0 and d * limits.warp <= budget), 1)
+        # vector width: at most 64 values per thread, and a full warp along the groups
+        vec = 1
+        for v in (4, 2):
+            if groups % (v * ty) == 0 and groups // v >= limits.warp and \
+                    v * chunk * (chunk_rows // ty) <= 64:
+                vec = v
+                break
+        tx = _divisor_at_most(groups // vec, max(1, min(budget, limits.max_threads) // ty))
+        while (groups // vec // tx * vec) % ty and ty > 1:  # the totals split K by ty * tx
+            ty //= 2
+        per_block = _divisor_at_most(rows, max(1, budget // (tx * ty))) if ty == 1 else 1
+        return cls(tx=tx, ty=ty, vec=vec, rows=per_block)
 
 
-def _pow2_at_most(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+def _split_groups(sch, loop, tx, vec):
+    """A loop over the groups ``K`` as ``(serial, threadIdx.x, vec)``."""
+    return sch.split(loop, [None, tx, vec])
+
+
+def _split_rows(sch, loop, ty):
+    """A loop over the chunk rows ``G`` as ``(threadIdx.y, serial)``: each thread's rows are
+    consecutive, so its chunk states compact to a small register array."""
+    return sch.split(loop, [ty, None])
 
 
 def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
@@ -620,51 +719,62 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     b = op_blocks(sch, norm)
     _inline_producers(sch, b)
     inline_consumers(sch, norm)
-    info = sch.get(b["ln_sum"])
+    st = stats_blocks(b, "ln")
+    G, K, B = _stat_extents(sch, st)
+    n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3
     rows = 1
-    row_len = 1
-    for iv in info.iter_vars:
-        if iv.iter_type == tvm.tirx.IterVar.DataPar:
-            rows *= int(iv.dom.extent)
-        else:
-            row_len *= int(iv.dom.extent)
-    kn = LayerNormKnobs.default(rows, row_len, limits)
-    n_row_axes = len([iv for iv in info.iter_vars if iv.iter_type == tvm.tirx.IterVar.DataPar])
-    per_warp = kn.rows_per_block > 1  # the layout of the kernel is not tuned, its sizes are
-    if per_warp:
-        threads = limits.warp
-        rpb = _pick(sch, tunable, [d for d in (1, 2, 4, 8, 16) if rows % d == 0],
-                    kn.rows_per_block)
-    else:
-        threads = _pick(sch, tunable, [128, 256, 512, min(1024, limits.max_threads)], kn.threads)
-        rpb = 1
+    for iv in sch.get(norm).iter_vars[:n_rows]:
+        rows *= int(iv.dom.extent)
+    kn = LayerNormKnobs.default(rows, K, G, B, limits)
+    tx, ty, vec = kn.tx, kn.ty, kn.vec
+    rz = _pick(sch, tunable, [d for d in (1, 2, 4, 8) if rows % d == 0 and ty == 1
+                              and d * tx <= limits.max_threads] or [1], kn.rows)
 
-    loops = sch.get_loops(norm)
-    row = sch.fuse(*loops[:n_row_axes]) if n_row_axes > 1 else loops[0]
-    cols = loops[n_row_axes:]
-    col = sch.fuse(*cols) if len(cols) > 1 else cols[0]
-    if per_warp:
-        bx, ty = sch.split(row, [None, rpb])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        attach = ty
-    else:
-        sch.bind(row, "blockIdx.x")
-        attach = row
-    _, tx = sch.split(col, [None, threads])
-    sch.bind(tx, "threadIdx.x")
-    for name in ("ln_rstd", "ln_sqdev", "ln_mean", "ln_sum"):
-        sch.compute_at(b[name], attach)
-    for name in ("ln_sum", "ln_sqdev"):
-        lp = _loops_under(sch, b[name], attach)
-        r = sch.fuse(*lp) if len(lp) > 1 else lp[0]
-        _, rt = sch.split(r, [None, threads])
-        sch.bind(rt, "threadIdx.x")
-    for name in ("ln_mean_out", "ln_rstd_out"):
-        if name in b:
-            sch.reverse_compute_at(b[name], attach)
-    for name in ("ln_sum", "ln_mean", "ln_sqdev", "ln_rstd"):
-        sch.set_scope(b[name], 0, "local")
+    # one loop over rows carries the normalization and the per-row outputs
+    outs = [norm] + [b[n] for n in ("ln_mean_out", "ln_rstd_out") if n in b]
+    row_loops = [_fuse(sch, list(sch.get_loops(blk))[:n_rows]) for blk in outs]
+    row = sch.merge(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    r_b, r_z = sch.split(row, [None, rz])
+    _bind(sch, [(r_b, "blockIdx.x"), (r_z, "threadIdx.z")])
+    sch.compute_inline(b["ln_rstd"])  # 1 / sqrt(var + eps), in registers where it is used
+    for level, scope in (("total", "shared"), ("group", "shared"), ("chunk", "local")):
+        for kind in ("sq", "lo", "mean"):
+            sch.compute_at(st[level, kind], r_z, preserve_unit_loops=True)
+            sch.set_scope(st[level, kind], 0, scope)
+
+    def under(blk):
+        return list(sch.get_loops(blk))[2:]  # below r_b, r_z
+
+    # chunks: per thread, both passes in registers, vector loads along the groups
+    jj, g, i = under(st["chunk", "mean"])[-3:]
+    g_s, g_x, g_v = _split_groups(sch, g, tx, vec)
+    j_y, j_s = _split_rows(sch, jj, ty)
+    sch.reorder(g_x, j_y, g_s, j_s, i, g_v)
+    _bind(sch, [(g_x, "threadIdx.x"), (j_y, "threadIdx.y")])
+    sch.vectorize(g_v)
+    _chunk_passes(sch, st, j_s, vector=True)
+    # groups: reduced over threadIdx.y, written by threadIdx.y == 0
+    for kind in ("mean", "lo", "sq"):
+        g, jj = under(st["group", kind])[-2:]
+        g_s, g_x, g_v = _split_groups(sch, g, tx, vec)
+        j_y, j_s = _split_rows(sch, jj, ty)
+        sch.reorder(g_x, g_s, g_v, j_y, j_s)
+        _bind(sch, [(g_x, "threadIdx.x"), (j_y, "threadIdx.y")])
+    # totals: reduced over all threads of the row, written by thread (0, 0)
+    for kind in ("mean", "lo", "sq"):
+        (g,) = under(st["total", kind])[-1:]
+        g_s, g_y, g_x = sch.split(g, [None, ty, tx])
+        _bind(sch, [(g_y, "threadIdx.y"), (g_x, "threadIdx.x")])
+    # normalization: each thread its own chunks' values, vector stores along the groups
+    col = _fuse(sch, under(norm))
+    jj, i, g = sch.split(col, [G, B, K])
+    g_s, g_x, g_v = _split_groups(sch, g, tx, vec)
+    j_y, j_s = _split_rows(sch, jj, ty)
+    sch.reorder(g_x, j_y, g_s, j_s, i, g_v)
+    _bind(sch, [(g_x, "threadIdx.x"), (j_y, "threadIdx.y")])
+    sch.vectorize(g_v)
+    for blk in outs[1:]:  # mean and rstd, one writer per row
+        _guard(sch, blk, [("threadIdx.x", tx), ("threadIdx.y", ty)])
     _schedule_leftovers(sch, norm, limits.block_threads)
 
 

@@ -15,6 +15,8 @@ import topi_bn
 from topi_bn import workloads as W
 from topi_bn.schedules import common, cuda
 from topi_bn.targets import resolve_target
+from topi_bn.testing import cuda_races
+from tvm.script import tirx as T
 
 pytestmark = pytest.mark.cuda
 
@@ -176,34 +178,148 @@ def test_relu6_is_clamped_before_the_store(built):
     assert re.search(r"0x1\.8p\+2f\S*\s*<", body), "clamped at 6"
 
 
-def test_batch_norm_train_uses_block_reductions_and_a_combine_stage(built):
+def test_batch_norm_train_statistics_then_normalization(built):
+    """Training BN: chunk + group statistics, totals per channel, per-channel results,
+    normalization: four kernels, and only two of them read the data (HBM traffic: read twice,
+    write once)."""
     arch, dtype, target, src, kernels = built
-    # small channel: one block per channel, 2 reductions + normalization
-    small = _kernels_of(kernels, "smoke.bn_train_4x8x6x6")
-    # large channel (32*56*56 per channel): partial sums, combine, x2, + normalization
-    large = _kernels_of(kernels, "bn_train.nchw_32x64x56x56")
-    nhwc = _kernels_of(kernels, "bn_train.nhwc_8x256x28x28")
-    assert len(small) == 3 and len(large) == 5, (list(small), list(large))
-    for ks in (small, large):
-        reducing = [body for _, _, body in ks.values() if "__shfl_down_sync" in body]
-        assert len(reducing) == 2, "both passes reduce with warp shuffles"
-        assert all("__shared__" in body for body in reducing), "and combine warps in shared memory"
-    # the second pass subtracts the mean (two-pass variance, not E[x^2] - E[x]^2)
-    assert any("bn_mean_ptr" in body and "__shfl_down_sync" in body for _, _, body in large.values())
-    # channel-last: channels on threadIdx.x (coalesced), rows reduced over threadIdx.y through
-    # shared memory, in both passes
-    assert len(nhwc) == 5
-    reducing = [body for _, _, body in nhwc.values()
-                if "threadIdx.y" in body and "__shared__" in body and "__syncthreads" in body]
-    assert len(reducing) == 2
+    for name in ("smoke.bn_train_4x8x6x6", "bn_train.nchw_32x64x56x56",
+                 "bn_train.nhwc_8x256x28x28"):
+        ks = _kernels_of(kernels, name)
+        assert len(ks) == 4, (name, list(ks))
+        reading = [body for _, params, body in ks.values() if "data_ptr" in params]
+        assert len(reading) == 2, name
+        stats = next(body for body in reading if "__shared__" in body)
+        norm = next(body for body in reading if body is not stats)
+        assert "bn_norm_ptr" in norm and "__syncthreads" not in norm
+        # more than one chunk row per group (not the smoke shape): groups reduced over
+        # threadIdx.y through shared memory
+        assert ("threadIdx.y" in stats and "__syncthreads" in stats) == ("smoke" not in name)
+        assert sum("bn_running_var_ptr" in params for _, params, _ in ks.values()) == 1
 
-def test_layer_norm_row_per_warp_or_per_block(built):
+
+_STORE = re.compile(r"(?:\*\(\w+\*\)\((\w+)_ptr\b[^;]*?\)|\b(\w+)_ptr\[[^\]]*\])\s*=[^=]")
+
+
+def _stored(body: str) -> set:
+    """Buffers a kernel body stores to (``buf_ptr[i] = ...`` or a vector store)."""
+    return {a or b for a, b in _STORE.findall(body)}
+
+
+def test_layer_norm_is_one_kernel_per_row(built):
+    """layer_norm: one kernel; loads along the groups are vectors where a thread takes several
+    groups; the per-row outputs are written under a thread guard."""
     arch, dtype, target, src, kernels = built
-    (wb, _, warp_body), = _kernels_of(kernels, "smoke.layer_norm_16x64").values()
-    (bb, _, block_body), = _kernels_of(kernels, "layer_norm.512x4096").values()
-    assert "threadIdx.y" in warp_body and "__shfl_down_sync" in warp_body
-    assert "__syncthreads" not in warp_body, "a row in one warp needs no block barrier"
-    assert "threadIdx.y" not in block_body and bb > 32 and "__syncthreads" in block_body
+    for name in ("smoke.layer_norm_16x64", "layer_norm.512x4096", "layer_norm.128x768"):
+        ks = _kernels_of(kernels, name)
+        assert len(ks) == 1, (name, list(ks))
+        (bound, _, body), = ks.values()
+        assert "__shfl_down_sync" in body and "ln_norm_ptr" in body
+    (_, _, body), = _kernels_of(kernels, "layer_norm.512x4096").values()
+    vec = "float2" if dtype == "float32" else "half2"
+    assert vec in body, "two consecutive groups per thread: vector loads and stores"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_no_race_in_any_cuda_kernel(dtype):
+    """The static race check (topi_bn.testing.cuda_races) passes on every kernel the project
+    emits: every registry workload (the gpu group included), conv kernels included."""
+    target = resolve_target("cuda-sm90")
+    found = []
+    for w in W.list_workloads() + W.list_workloads("smoke") + W.list_workloads("gpu"):
+        mod = common.apply_default_schedules(tvm.IRModule({"main": w.prim_func(dtype)}), target)
+        found += [f"{w.name}: {r}" for r in cuda_races.find_races(mod, target)]
+    assert not found, "\n".join(found[:10])
+
+
+# TVMScript kernels as they reach the code generator (threads launched, reductions lowered)
+@T.prim_func(s_tir=True)
+def _racy_layer_norm_mean(x_ptr: T.handle("float32", "global"), y_ptr: T.handle("float32", "global")):
+    """The first layer_norm: every thread divides the block's sum in shared memory."""
+    x = T.decl_buffer((4096,), data=x_ptr)
+    y = T.decl_buffer((4096,), data=y_ptr)
+    with T.launch_thread("blockIdx.x", 16) as bx:
+        red_result = T.alloc_shared((1,))
+        with T.launch_thread("threadIdx.x", 256) as tx:
+            if tx == 0:
+                red_result[0] = x[bx * 256]
+            T.tvm_storage_sync("shared")
+            red_result[0] = red_result[0] / T.float32(256)
+            y[bx * 256 + tx] = x[bx * 256 + tx] - red_result[0]
+
+
+@T.prim_func(s_tir=True)
+def _racy_batch_norm_mean(s_ptr: T.handle("float32", "global"), m_ptr: T.handle("float32", "global"),
+                          o_ptr: T.handle("float32", "global")):
+    """The first training BN: thread 0 writes the mean, every thread reads it at once."""
+    bn_sum = T.decl_buffer((8,), data=s_ptr)
+    bn_mean = T.decl_buffer((8,), data=m_ptr)
+    out = T.decl_buffer((8,), data=o_ptr)
+    with T.launch_thread("blockIdx.x", 8) as bx:
+        with T.launch_thread("threadIdx.x", 256) as tx:
+            if tx == 0:
+                bn_mean[bx] = bn_sum[bx] / T.float32(144)
+            out[bx] = bn_mean[bx] * T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def _guarded_mean(x_ptr: T.handle("float32", "global"), y_ptr: T.handle("float32", "global")):
+    """The fix: one writer, a barrier, then every thread reads."""
+    x = T.decl_buffer((4096,), data=x_ptr)
+    y = T.decl_buffer((4096,), data=y_ptr)
+    with T.launch_thread("blockIdx.x", 16) as bx:
+        mean = T.alloc_shared((1,))
+        with T.launch_thread("threadIdx.y", 2) as ty:
+            with T.launch_thread("threadIdx.x", 128) as tx:
+                if tx + ty * 128 == 0:
+                    mean[0] = x[bx * 256] / T.float32(256)
+                T.tvm_storage_sync("shared")
+                y[bx * 256 + ty * 128 + tx] = x[bx * 256 + ty * 128 + tx] - mean[0]
+
+
+def test_race_check_flags_the_first_kernels_patterns():
+    kinds = {r.kind for r in cuda_races.kernel_races(_racy_layer_norm_mean)}
+    assert kinds == {"uniform store", "read before barrier"}, kinds
+    races = cuda_races.kernel_races(_racy_batch_norm_mean)
+    assert {(r.buffer, r.kind) for r in races} == {("bn_mean", "read before barrier"),
+                                                   ("out", "uniform store")}, races
+    assert cuda_races.kernel_races(_guarded_mean) == []
+
+
+def test_race_check_flags_a_store_missing_one_thread_index():
+    """A location that depends on threadIdx.x but not on threadIdx.y is written by every y."""
+    @T.prim_func(s_tir=True)
+    def per_y(o_ptr: T.handle("float32", "global")):
+        out = T.decl_buffer((1024,), data=o_ptr)
+        with T.launch_thread("blockIdx.x", 8) as bx:
+            with T.launch_thread("threadIdx.y", 4) as ty:
+                with T.launch_thread("threadIdx.x", 32) as tx:
+                    out[bx * 32 + tx] = T.float32(1)
+                    if ty == 0:
+                        out[bx * 32 + tx] = T.float32(2)
+
+    races = cuda_races.kernel_races(per_y)
+    assert len(races) == 1 and "every ty " in races[0].detail, races
+
+
+def test_race_check_flags_the_main_schedules_before_the_fix():
+    """A schedule in the style of the first layer_norm (the reduction results kept in "local"
+    buffers, which TVM's lowering moves into shared memory that every thread then writes)."""
+    x = te.placeholder((16, 256), "float32", name="x")
+    k = te.reduce_axis((0, 256), name="k")
+    s = te.compute((16,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    m = te.compute((16,), lambda i: s[i] / 256.0, name="m")
+    y = te.compute((16, 256), lambda i, j: x[i, j] - m[i], name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    row, col = sch.get_loops(sch.get_sblock("y"))
+    sch.bind(row, "blockIdx.x")
+    sch.bind(col, "threadIdx.x")
+    for name in ("m", "s"):
+        sch.compute_at(sch.get_sblock(name), row)
+        sch.set_scope(sch.get_sblock(name), 0, "local")
+    sch.bind(sch.get_loops(sch.get_sblock("s"))[-1], "threadIdx.x")
+    races = cuda_races.find_races(sch.mod, resolve_target("cuda-sm90"))
+    assert any(r.kind == "uniform store" for r in races), races
 
 
 @needs_nvcc
@@ -289,6 +405,30 @@ def test_tunable_schedules_sample_their_knobs(name):
     kinds = {inst.kind.name for inst in sch.trace.insts}
     assert kinds & {"SamplePerfectTile", "SampleCategorical"}, kinds
     tvm.compile(sch.mod, target=target)  # a sampled schedule still lowers and generates code
+
+
+@pytest.mark.parametrize("target", [
+    "cuda-sm90", {"kind": "cuda", "arch": "sm_90"}, {"kind": "cuda", "arch": "sm_80",
+                                                    "max_num_threads": 256}])
+def test_tuning_space_and_postprocessors_run_for_cuda(target):
+    """What ``topi-bn tune --target cuda`` does before it measures: the template design space
+    and MetaSchedule's GPU postprocessors (which read ``max_threads_per_block`` from the
+    target, missing from a bare CUDA target dict) accept every op's schedule."""
+    from tvm.s_tir import meta_schedule as ms
+    from topi_bn.targets import with_gpu_limits
+
+    tgt = with_gpu_limits(resolve_target(target))
+    assert int(tgt.attrs["max_threads_per_block"]) == (256 if "max_num_threads" in target
+                                                       else 1024)
+    for w in W.list_workloads("smoke"):
+        ctx = ms.TuneContext(mod=w.prim_func("float32"), target=tgt,
+                             space_generator=common.template_space(tgt),
+                             search_strategy="evolutionary", task_name=w.name, rand_state=0,
+                             num_threads=1)
+        spaces = ctx.generate_design_space()
+        assert spaces, w.name
+        for sch in spaces:
+            assert all(post.apply(sch) for post in ctx.space_generator.postprocs), w.name
 
 
 def test_metaschedule_rules_registered():

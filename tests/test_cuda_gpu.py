@@ -89,3 +89,39 @@ def test_every_registry_workload_matches_reference(dtype):
         got = _run_workload(w, dtype, target, inputs)
         for i, (g, e) in enumerate(zip(got, w.reference(*inputs))):
             assert_close(g, e, dtype, name=f"{w.name} output {i}", scale=_scale(w))
+
+
+NORM_WORKLOADS = [w.name for w in W.list_workloads("bn_train") + W.list_workloads("layer_norm")
+                  + W.list_workloads("smoke") if w.op != "conv2d_bn_relu"]
+
+
+@pytest.mark.parametrize("dtype", W.GPU_DTYPES)
+@pytest.mark.parametrize("name", NORM_WORKLOADS)
+def test_norm_kernels_are_right_three_runs_in_a_row(name, dtype):
+    """Training BN and layer_norm in every GPU dtype: the same inputs run three times on one
+    build give the reference each time (a race shows as run-to-run differences)."""
+    w = W.get(name)
+    target = device_target()
+    args = w.te_args(dtype)
+    func = te.create_prim_func(list(args) + list(w.compute(*args)))
+    lib = tvm.compile(common.apply_default_schedules(tvm.IRModule({"main": func}), target),
+                      target=target)
+    inputs = w.random_inputs(dtype, seed=4)
+    expect = w.reference(*inputs)
+    outs = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in w.compute(*args)]
+    for run in range(3):
+        got = run_prim_func(lib, inputs, outs, device=tvm.cuda(0))
+        for i, (g, e) in enumerate(zip(got, expect)):
+            assert_close(g, e, dtype, name=f"{name} run {run} output {i}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", W.GPU_DTYPES)
+@pytest.mark.parametrize("name", [w.name for w in W.list_workloads("gpu")])
+def test_hbm_sized_workloads_match_reference(name, dtype):
+    """The benchmark's HBM-sized shapes (rows and channels spread over many blocks)."""
+    w = W.get(name)
+    inputs = w.random_inputs(dtype, seed=5)
+    got = _run_workload(w, dtype, device_target(), inputs)
+    for i, (g, e) in enumerate(zip(got, w.reference(*inputs))):
+        assert_close(g, e, dtype, name=f"{name} output {i}")

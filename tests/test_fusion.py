@@ -300,3 +300,113 @@ def test_unknown_mode_is_rejected(rng):
         tr.apply_bn_mode(mod, "fold", params)
     with pytest.raises(ValueError, match="params"):
         tr.apply_bn_mode(mod, "fused", {"nope": np.zeros(1)})
+
+
+# ----------------------------------------------------------------------------- what exporters
+# put between conv and batch-norm (TVM's ONNX importer, torch.export)
+
+def _exported_case(rng, form, stats="dead"):
+    """conv -> [bias as ``form``] -> [alias] -> BN -> relu, as importers write it.
+
+    ``form``: none | reshape (torch.export / ONNX: ``add(conv, reshape(b))``) | expand_dims |
+    broadcast (``add(conv, broadcast_to(b, out shape))``) | alias (``lv2 = lv``, an Identity).
+    ``stats``: dead (bn[1], bn[2] bound, nobody reads them: ONNX) | read (bn[1] is an output)
+    | read_alias (an alias of bn[1] is an output).
+    """
+    k, hw = 8, 6
+    a = {"x": rng.standard_normal((1, 4, hw, hw)).astype("float32"),
+         "w": (rng.standard_normal((k, 4, 3, 3)) * 0.3).astype("float32"),
+         "bias": rng.standard_normal(k).astype("float32"),
+         "g": rng.standard_normal(k).astype("float32"),
+         "b": rng.standard_normal(k).astype("float32"),
+         "m": rng.standard_normal(k).astype("float32"),
+         "v": (rng.random(k) + 0.5).astype("float32")}
+    c = {n: relax.const(arr) for n, arr in a.items() if n != "x"}
+    x = relax.Var("x", relax.TensorType(a["x"].shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, c["w"], padding=1))
+            if form == "reshape":
+                b = bb.emit(relax.op.reshape(c["bias"], (1, k, 1, 1)))
+            elif form == "expand_dims":
+                b = bb.emit(relax.op.expand_dims(c["bias"], [1, 2]))
+            elif form == "broadcast":
+                b = bb.emit(relax.op.broadcast_to(relax.const(a["bias"].reshape(1, k, 1, 1)),
+                                                  (1, k, hw, hw)))
+            if form in ("reshape", "expand_dims", "broadcast"):
+                y = bb.emit(relax.op.add(y, b))
+            if form == "alias":
+                y = bb.emit(y)  # a new variable bound to the old one
+            bn = bb.emit(relax.op.nn.batch_norm(y, c["g"], c["b"], c["m"], c["v"], axis=1,
+                                                training=False))
+            outs = [bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))]
+            mean = bb.emit(relax.TupleGetItem(bn, 1))
+            bb.emit(relax.TupleGetItem(bn, 2))
+            if stats == "read":
+                outs.append(mean)
+            elif stats == "read_alias":
+                outs.append(bb.emit(mean))
+            out = bb.emit_output(relax.Tuple(outs) if len(outs) > 1 else outs[0])
+        bb.emit_func_output(out)
+    bias = None if form in ("none", "alias") else a["bias"]
+    ref = reference.conv2d_bn_relu(a["x"], a["w"], a["g"], a["b"], a["m"], a["v"], bias,
+                                   padding=1)
+    return bb.get(), a["x"], ref
+
+
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+@pytest.mark.parametrize("form", ["none", "reshape", "expand_dims", "broadcast", "alias"])
+def test_sees_through_what_exporters_write(rng, form, bn):
+    mod, x, ref = _exported_case(rng, form)
+    if form == "alias":  # the builder really bound an alias
+        assert any(isinstance(b.value, relax.Var) for blk in mod["main"].body.blocks
+                   for b in blk.bindings)
+    out, report = tr.apply_bn_mode(mod, bn, target=TARGET, return_report=True)
+    assert [(o.outcome, o.reason) for o in report.batch_norms] == [(bn, None)]
+    assert "relax.nn.batch_norm" not in _ops(out)
+    assert _kernels(out) == ["topi_bn_conv2d_bn_relu" if bn == "fused"
+                             else "topi_bn_conv2d_shift_act"]
+    assert_close(_compile_run(out, [x]), ref, "float32", f"{form} {bn}", scale=4)
+
+
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+@pytest.mark.parametrize("stats", ["read", "read_alias"])
+def test_read_statistics_are_never_fused_or_folded(rng, stats, bn):
+    mod, x, ref = _exported_case(rng, "reshape", stats=stats)
+    out, report = tr.apply_bn_mode(mod, bn, target=TARGET, return_report=True)
+    assert [(o.outcome, o.reason) for o in report.batch_norms] == [("kernel", "bn_outputs_used")]
+    y, mean = _compile_run(out, [x])
+    assert_close(y, ref, "float32", "y", scale=4)
+
+
+def test_report_of_every_mode(rng):
+    mod, _, params, _ = _two_layer_case(rng)
+    counts = {}
+    for bn in tr.BN_MODES:
+        _, report = tr.apply_bn_mode(mod, bn, params, return_report=True)
+        assert report.mode == bn and len(report.batch_norms) == 2
+        counts[bn] = {o: report.count(o) for o in ("fused", "folded", "kernel", "unpacked")}
+    assert counts["fused"]["fused"] == 2 and counts["folded"]["folded"] == 2
+    assert counts["opaque"]["kernel"] == 2 and counts["unpacked"]["unpacked"] == 2
+    assert "2 batch-norms: 2 fused" == tr.apply_bn_mode(mod, "fused", params,
+                                                         return_report=True)[1].summary()
+
+
+def test_folded_mode_fuses_what_it_cannot_fold_and_says_why(rng):
+    """A BN whose parameters are runtime inputs cannot be folded; 'folded' fuses it instead."""
+    mod, x, params, ref = _two_layer_case(rng)
+    runtime = {"g2", "b2", "m2", "v2"}
+    bound = {n: a for n, a in params.items() if n not in runtime}
+    out, report = tr.apply_bn_mode(mod, "folded", bound, return_report=True)
+    outcomes = [(o.outcome, o.reason) for o in report.batch_norms]
+    assert outcomes == [("folded", None), ("fused", "non_constant")]
+    assert "not folded: non_constant: 1" in report.summary()
+    args = [x] + [params[n] for n in ("g2", "b2", "m2", "v2")]
+    assert_close(_compile_run(out, args), ref, "float32", "folded+fused", scale=4)
+
+
+def test_no_batch_norm_report_says_nothing_to_fuse(rng):
+    mod, _, _ = _conv_graph(rng, "NCHW", 1, 4, 8, False, "relu")
+    _, report = tr.apply_bn_mode(mod, "fused", return_report=True)
+    assert report.batch_norms == [] and "nothing to fuse" in report.summary()

@@ -46,7 +46,7 @@ def test_registry_groups_and_sizes():
     blocked = {f"{g}-nchw{b}c{f}" for g in ("resnet50", "mobilenetv2") for b in (4, 8, 16)
                for f in ("", "-folded")} | {f"smoke-nchw{b}c" for b in (4, 8, 16)}
     assert set(workloads.groups()) == {"resnet50", "mobilenetv2", "bn_train", "layer_norm",
-                                       "smoke"} | blocked
+                                       "smoke", "gpu"} | blocked
     r50 = workloads.list_workloads("resnet50")
     assert len(r50) == len({w.name for w in r50}) >= 15
     stem = workloads.get("resnet50.conv7x7_3_64_224_s2_relu")
@@ -58,6 +58,10 @@ def test_registry_groups_and_sizes():
     assert {w.shapes["data"] for w in workloads.list_workloads("layer_norm")} == {
         (128, 768), (4096, 1024), (512, 4096)}
     assert all("smoke" not in w.groups for w in workloads.list_workloads())
+    # GPU (HBM-sized) shapes: only when asked for by name
+    assert {w.shapes["data"] for w in workloads.list_workloads("gpu")} == {
+        (256, 64, 112, 112), (256, 112, 112, 64), (65536, 4096), (16384, 8192)}
+    assert all("gpu" not in w.groups for w in workloads.list_workloads())
     with pytest.raises(ValueError, match="workload: unknown name"):
         workloads.get("resnet51.conv")
     with pytest.raises(ValueError, match="group: expected one of"):

@@ -14,6 +14,7 @@ topi-bn PrimFuncs found no record is logged at INFO on the ``topi_bn`` logger.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from importlib import resources
@@ -24,7 +25,8 @@ import tvm
 from .targets import resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
-__all__ = ["build", "schedule_prim_func", "resolve_tuning_logs", "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
+__all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
+           "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 
@@ -194,6 +196,56 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
                          "PrimFunc")
     raise TypeError(f"mod_or_primfunc: expected a tvm.IRModule or a tvm.tirx.PrimFunc, got "
                     f"{type(mod_or_primfunc).__name__}")
+
+
+@dataclasses.dataclass
+class BuildReport:
+    """What :func:`build_with_report` made of a Relax module.
+
+    ``batch_norms`` is the passes' :class:`~topi_bn.relax.report.BatchNormReport` (fused,
+    folded, own kernel, unpacked, and why not); ``tuned`` / ``untuned`` name the topi-bn kernels
+    that took a tuning record / a default schedule (one entry per kernel, in build order).
+    """
+
+    batch_norms: Any
+    tuned: list[str] = dataclasses.field(default_factory=list)
+    untuned: list[str] = dataclasses.field(default_factory=list)
+    log_dirs: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        """Two lines: the batch-norms, then the kernels' tuning."""
+        kernels = len(self.tuned) + len(self.untuned)
+        logs = ", ".join(self.log_dirs) if self.log_dirs else "none"
+        return (f"{self.batch_norms.summary()}\n"
+                f"{kernels} topi-bn kernels: {len(self.tuned)} tuned, {len(self.untuned)} on "
+                f"default schedules (tuning logs: {logs})")
+
+
+def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
+                      tuning_logs="shipped"):
+    """:func:`build` of a Relax module, also saying what became of its batch-norms and which
+    kernels were tuned.
+
+    Parameters are those of :func:`build` (a Relax module only).
+
+    Returns
+    -------
+    (relax.VMExecutable, BuildReport)
+    """
+    from .relax import modes
+
+    target = resolve_target(target)
+    _check_bn(bn)
+    if not isinstance(mod, tvm.IRModule) or not any(
+            isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
+        raise TypeError(f"mod: expected a tvm.IRModule with a Relax function, got "
+                        f"{type(mod).__name__}")
+    log_dirs = resolve_tuning_logs(tuning_logs, target)
+    db = _reporting_database(load_logs(log_dirs, target).database, target)
+    mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True)
+    ex = modes.lower(mod, target, database=db)
+    return ex, BuildReport(bn_report, list(dict.fromkeys(db.applied)),
+                           list(dict.fromkeys(db.missing)), log_dirs)
 
 
 def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModule, bool]:

@@ -87,6 +87,22 @@ def check_eps(eps: float) -> float:
     return float(eps)
 
 
+def eps_const(eps: float, acc: str):
+    """``eps`` as a TIR constant of the accumulation dtype ``acc``.
+
+    A float32 ``eps`` is written as the shortest decimal that gives the same float32: ONNX
+    stores ``epsilon=1e-5`` as the float32 ``9.99999974e-06``, PyTorch as the double ``1e-5``;
+    both add the same float32 to the variance, and now also build the same kernel (the same
+    PrimFunc, so the same tuning record applies to either).
+    """
+    import numpy as np
+    import tvm
+
+    if acc != "float64":
+        eps = float(str(np.float32(eps)))
+    return tvm.tirx.const(eps, acc)
+
+
 def check_momentum(momentum: float) -> float:
     if (not isinstance(momentum, (int, float)) or isinstance(momentum, bool)
             or not 0.0 <= momentum <= 1.0):

@@ -10,6 +10,7 @@ exit with code 2, as argparse does for its own errors; they never print a traceb
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -34,8 +35,8 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
     p.add_argument("--workloads", default="smoke",
-                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, or a "
-                        "blocked-layout group such as resnet50-nchw8c), 'all', or "
+                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, gpu, or a "
+                        "blocked-layout group such as resnet50-nchw8c), 'all' (all but smoke and gpu), or "
                         "comma-separated workload names (default: smoke); on a CPU target "
                         "resnet50, mobilenetv2 and all also tune the blocked-layout kernels for "
                         "the target's block size")
@@ -117,6 +118,87 @@ def _bench_check(args: argparse.Namespace, error: Callable[[str], object]) -> No
     bench.check_bench_args(args, error)
 
 
+# -- compile / run ------------------------------------------------------------------------------
+def _compile_arguments(p: argparse.ArgumentParser) -> None:
+    from .build import BN_MODES
+
+    p.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx) or a torch.export.save "
+                                                  "program (.pt2)")
+    p.add_argument("-o", "--output", required=True, metavar="LIB",
+                   help="shared library to write (model.so); replaced only when the build "
+                        "succeeds")
+    p.add_argument("--target", default="x86",
+                   help="topi-bn target name (x86, x86-avx2, x86-avx512, ...) or TVM tag "
+                        "(default: x86, this machine)")
+    p.add_argument("--bn", choices=BN_MODES, default="fused",
+                   help="what becomes of batch-norms: fused into the conv kernels, folded into "
+                        "the conv weights, unpacked by TVM, or opaque kernels (default: fused)")
+    p.add_argument("--tuning-logs", action="append", default=[], metavar="DIR",
+                   help="MetaSchedule log directory (repeatable); its records win over the "
+                        "shipped ones")
+    p.add_argument("--no-shipped-logs", action="store_true",
+                   help="do not apply the tuning logs shipped with topi-bn")
+
+
+def _compile_check(args, fail: Callable[[str], None]) -> None:
+    from .deploy import _model_format
+    from .targets import resolve_target
+
+    try:
+        _model_format(args.model, "MODEL")
+        resolve_target(args.target, arg_name="--target")
+    except (ValueError, TypeError) as err:
+        fail(str(err))
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        fail(f"--output: folder {out_dir!r} does not exist")
+    for d in args.tuning_logs:
+        if not os.path.isdir(d):
+            fail(f"--tuning-logs: no such directory: {d!r}")
+
+
+def _compile_run(args) -> int:
+    from .deploy import compile_model
+
+    report = compile_model(args.model, args.output, args.target, args.bn, args.tuning_logs,
+                           shipped=not args.no_shipped_logs,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.summary())
+    if report.batch_norms.skipped:
+        for o in report.batch_norms.skipped:
+            print(f"  {o.bn}: {o.outcome} ({o.reason}: {o.detail})")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("library", metavar="LIB", help="a library written by topi-bn compile")
+    p.add_argument("--input", action="append", default=[], required=True, metavar="X.npy",
+                   help="an input array (.npy), one per model input, in order")
+    p.add_argument("-o", "--output", default=None, metavar="OUT",
+                   help="write the outputs: .npy for one output, .npz (out0, out1, ...) for "
+                        "several (default: print their shapes and a few values)")
+
+
+def _run_run(args) -> int:
+    import numpy as np
+
+    from .deploy import run_library
+
+    outs = run_library(args.library, args.input)
+    for i, o in enumerate(outs):
+        print(f"output {i}: {o.dtype}{list(o.shape)} {np.array2string(o.ravel()[:6])}")
+    if args.output is not None:
+        if args.output.endswith(".npz"):
+            np.savez(args.output, **{f"out{i}": o for i, o in enumerate(outs)})
+        elif len(outs) == 1:
+            np.save(args.output, outs[0])
+        else:
+            raise ValueError(f"--output: the model has {len(outs)} outputs; name a .npz file")
+        print(f"wrote {args.output}")
+    return 0
+
+
 SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
     # (name, add_arguments, run, check or None, help)
     ("tune", _tune_arguments, _tune_run, _tune_check,
@@ -125,6 +207,11 @@ SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
      "benchmark topi-bn (shipped logs, untuned, whole networks) against TVM's unpacked "
      "batch-norm, PyTorch eager and ONNX Runtime, or (--target cuda) against PyTorch eager and "
      "torch.compile on the GPU; tables, JSON and plots"),
+    ("compile", _compile_arguments, _compile_run, _compile_check,
+     "compile an ONNX model or a torch.export program into a shared library with topi-bn "
+     "kernels (batch-norms fused or folded, tuning logs applied)"),
+    ("run", _run_arguments, _run_run, None,
+     "run a library written by 'topi-bn compile' on .npy inputs (TVM runtime only)"),
 ]
 
 

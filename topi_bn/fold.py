@@ -62,23 +62,16 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir.expr import Constant
+
+from .relax.analysis import FunctionUses, channel_values, is_channel_shape, op_name, \
+    prune_dead_bindings, static_shape
+from .relax.report import SKIP_REASONS as _SKIP_REASONS
 
 __all__ = ["SKIP_REASONS", "FoldBatchNorm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
            "bn_scale_shift", "fold_batch_norm"]
 
-#: Why a batch norm was not folded (``SkippedBatchNorm.reason``).
-SKIP_REASONS = {
-    "training": "batch_norm has training=True: it normalizes with batch statistics",
-    "bn_outputs_used": "the BN's mean/var outputs or the tuple itself are used",
-    "no_layer": "the BN input is not a conv2d / conv2d_transpose / matmul (+ bias add)",
-    "unsupported_layer": "the layer's layout or form cannot be folded",
-    "channel_mismatch": "the BN axis is not the layer's output channel axis",
-    "branch": "the layer output (or bias add) has another consumer besides the BN",
-    "non_constant": "a weight, bias or BN parameter is neither a bound constant nor in params",
-    "shared_weight": "the weight or bias is used by another op as well",
-    "not_finite": "a folded weight or bias is not finite in its dtype (overflow or bad stats)",
-}
+#: Why a batch norm was not folded (``SkippedBatchNorm.reason``); shared with the fusion.
+SKIP_REASONS = _SKIP_REASONS
 
 _LAYER_OPS = ("relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.matmul")
 _RECORD_VERSION = 1
@@ -234,40 +227,8 @@ def _weight_scale(s, weight_shape, out_axis, in_axis=None, groups=1):
 # --------------------------------------------------------------------------------------------
 # Reading the graph
 # --------------------------------------------------------------------------------------------
-def _op_name(expr) -> str | None:
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        return expr.op.name
-    return None
-
-
-def _static_shape(expr) -> tuple[int, ...] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape)
-    except TypeError:  # symbolic dimension
-        return None
-
-
-@relax.expr_functor.visitor
-class _UseCounter(relax.PyExprVisitor):
-    """Counts the references to each variable and constant in a function."""
-
-    def __init__(self):
-        self.count: dict[Any, int] = {}
-
-    def _use(self, node):
-        self.count[node] = self.count.get(node, 0) + 1
-
-    def visit_var_(self, var):
-        self._use(var)
-
-    def visit_dataflow_var_(self, var):
-        self._use(var)
-
-    def visit_generic_const_(self, const):
-        self._use(const)
+_op_name = op_name
+_static_shape = static_shape
 
 
 @dataclass
@@ -299,11 +260,7 @@ class _FunctionFolder:
         self.func = func
         self.params = params
         self.bindings = {b.var: b for block in func.body.blocks for b in block.bindings}
-        counter = _UseCounter()
-        counter.visit_expr(func)
-        self.uses = counter.count
-        self.first_item = {b.value.tuple_value: v for v, b in self.bindings.items()
-                           if isinstance(b.value, relax.TupleGetItem) and b.value.index == 0}
+        self.uses = FunctionUses(func)  # real uses: dead bindings and aliases are none
         self.taken = {p.name for p in func.params} | {v.name for v in self.bindings}
         self.record = FoldRecord()
         self.new_params: dict[relax.Var, np.ndarray] = {}   # new param var -> value
@@ -315,18 +272,13 @@ class _FunctionFolder:
 
     # ---- small queries ------------------------------------------------------------------
     def _value(self, expr) -> relax.Expr | None:
-        binding = self.bindings.get(expr) if isinstance(expr, relax.Var) else None
-        return binding.value if isinstance(binding, relax.VarBinding) else None
+        return self.uses.bound(expr)
 
     def _array(self, expr) -> np.ndarray | None:
-        if isinstance(expr, Constant) and isinstance(expr.value, tvm.runtime.Tensor):
-            return expr.value.numpy()
-        if isinstance(expr, relax.Var):
-            return self.params.get(expr)
-        return None
+        return self.uses.constant(expr, self.params)
 
     def _uses(self, node) -> int:
-        return self.uses.get(node, 0)
+        return self.uses.count(node)
 
     def _label(self, expr, fallback: str) -> str:
         return expr.name if isinstance(expr, relax.Var) else fallback
@@ -344,17 +296,18 @@ class _FunctionFolder:
         value = self._value(var)
         add_var, bias = None, None
         if _op_name(value) == "relax.add":
-            lhs, rhs = value.args
-            inner = lhs if _op_name(self._value(lhs)) in _LAYER_OPS else rhs
-            bias = rhs if inner is lhs else lhs
+            lhs, rhs = (self.uses.root(a) for a in value.args)
+            first = _op_name(self._value(lhs)) in _LAYER_OPS
+            inner, bias = (lhs, rhs) if first else (rhs, lhs)
             if _op_name(self._value(inner)) not in _LAYER_OPS:
                 return "no_layer"
             if _static_shape(inner) != _static_shape(var):
                 return "unsupported_layer"   # the "bias" broadcasts the output
-            add_var, var, value = var, inner, self._value(inner)
+            add_var, var, value = self.uses.root(var), inner, self._value(inner)
         op = _op_name(value)
         if op not in _LAYER_OPS:
             return "no_layer"
+        var = self.uses.root(var)
         out_shape = _static_shape(var)
         if out_shape is None:
             return "unsupported_layer"
@@ -369,7 +322,7 @@ class _FunctionFolder:
                     return "unsupported_layer"
                 if self._uses(layer.weight) != 1:
                     return "shared_weight"
-                layer.weight_holder, layer.weight_index = layer.weight, 0
+                layer.weight_holder, layer.weight_index = self.uses.root(layer.weight), 0
                 layer.weight, layer.weight_out_axis = permute.args[0], 0
             elif weight_ndim == 2:                              # x @ W
                 layer.weight_out_axis = 1
@@ -388,14 +341,10 @@ class _FunctionFolder:
         return layer
 
     def _bias_vector(self, bias, out_shape, out_axis) -> np.ndarray | None:
-        """The existing bias as a (C,) vector, or None if it is not per-channel."""
-        b = self._array(bias)
-        if b is None:
-            return None
-        aligned = (1,) * (len(out_shape) - b.ndim) + b.shape
-        if b.ndim > len(out_shape) or any(d != 1 for a, d in enumerate(aligned) if a != out_axis):
-            return None
-        return np.broadcast_to(b.reshape(-1).astype(np.float64), (out_shape[out_axis],))
+        """The existing bias as a (C,) float64 vector, or None if it is not per-channel (a
+        bias broadcast over the other axes is, when it is constant along them)."""
+        values = channel_values(self._array(bias), out_shape, out_axis)
+        return None if values is None else values.astype(np.float64)
 
     # ---- one BN -------------------------------------------------------------------------
     def _skip(self, bn_var, layer, reason, detail=""):
@@ -406,8 +355,8 @@ class _FunctionFolder:
         attrs = bn.attrs
         if attrs.training:
             return self._skip(bn_var, None, "training")
-        out_var = self.first_item.get(bn_var)
-        if out_var is None or self._uses(bn_var) != 1:
+        out_var = self.uses.sole_item(bn_var, 0)
+        if out_var is None:
             return self._skip(bn_var, None, "bn_outputs_used")
 
         layer = self._match_layer(bn.args[0])
@@ -419,8 +368,8 @@ class _FunctionFolder:
         if axis != layer.out_axis:
             return self._skip(bn_var, name, "channel_mismatch",
                               f"BN axis {axis}, layer output channel axis {layer.out_axis}")
-        if self._uses(layer.call_var) != 1 or (layer.add_var is not None
-                                                and self._uses(layer.add_var) != 1):
+        if not self.uses.single_use(layer.call_var) or (
+                layer.add_var is not None and not self.uses.single_use(layer.add_var)):
             return self._skip(bn_var, name, "branch")
 
         gamma, beta, mean, var = (self._array(a) for a in bn.args[1:])
@@ -451,8 +400,10 @@ class _FunctionFolder:
             return self._skip(bn_var, name, "not_finite",
                               f"folded values are not finite in {weight.dtype}")
 
-        bias_shape = _new_bias_shape(out_shape, layer.out_axis, _op_name(layer.call),
-                                     None if bias is None else self._array(layer.bias).shape)
+        old_shape = None if bias is None else _static_shape(layer.bias)
+        if not is_channel_shape(old_shape, out_shape, layer.out_axis):
+            old_shape = None  # a bias broadcast over other axes: a per-channel one instead
+        bias_shape = _new_bias_shape(out_shape, layer.out_axis, _op_name(layer.call), old_shape)
         weight_name = self._label(layer.weight, f"{name}_weight")
         bias_name = None if layer.bias is None else self._label(layer.bias, f"{name}_bias")
         new_weight_name = self._unique(f"{weight_name}_fuse_bn")
@@ -500,6 +451,8 @@ class _FunctionFolder:
         for block in self.func.body.blocks:
             bindings = [self._rewrite(b, bb) for b in block.bindings if b.var not in self.dropped]
             blocks.append(type(block)(bindings, block.span))
+        # what only the folded layers read (the BN's dead statistics, a reshaped bias) goes too
+        blocks = prune_dead_bindings(blocks, self.func.body.body)
         body = relax.SeqExpr(blocks, self.func.body.body, self.func.body.span)
         used = set(relax.analysis.free_vars(body))
         params = []

@@ -26,6 +26,7 @@ from tvm.target import Target
 __all__ = [
     "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
     "vector_bits", "vector_lanes", "num_cores", "host_can_run", "check_host_can_run",
+    "with_gpu_limits",
 ]
 
 
@@ -85,13 +86,41 @@ def _named() -> dict[str, Any]:
         "x86-avx2": lambda: {"kind": "llvm", "mcpu": "haswell", "num-cores": cores},
         "arm": lambda: {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"],
                         "num-cores": 4},
-        "cuda": lambda: Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"}),
-        "cuda-sm80": lambda: Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"}),
-        "cuda-sm90": lambda: Target({"kind": "cuda", "arch": "sm_90"}, host={"kind": "llvm"}),
+        "cuda": lambda: _cuda("sm_80"),
+        "cuda-sm80": lambda: _cuda("sm_80"),
+        "cuda-sm90": lambda: _cuda("sm_90"),
     }
 
 
 TARGET_NAMES = tuple(_named())
+
+# per-block limits of every CUDA GPU since Volta (sm_70): 1024 threads, 48 KiB of static shared
+# memory; MetaSchedule's GPU postprocessors read them from the target
+_CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 48 * 1024,
+                "thread_warp_size": 32}
+
+
+def _cuda(arch: str) -> Target:
+    return Target({"kind": "cuda", "arch": arch, **_CUDA_LIMITS}, host={"kind": "llvm"})
+
+
+def with_gpu_limits(target: Target) -> Target:
+    """A CUDA ``target`` with the per-block limits MetaSchedule needs
+    (``max_threads_per_block``, ``max_shared_memory_per_block``; a target built from a bare
+    ``{"kind": "cuda", "arch": ...}`` has neither); other targets unchanged. Limits the target
+    sets are kept; a missing ``max_threads_per_block`` follows ``max_num_threads``."""
+    if target.kind.name != "cuda" or all(target.attrs.get(k) for k in _CUDA_LIMITS):
+        return target
+    config = dict(target.export())
+    config.pop("keys", None)
+    host = config.pop("host", None)
+    defaults = dict(_CUDA_LIMITS)
+    if config.get("max_num_threads"):
+        defaults["max_threads_per_block"] = int(config["max_num_threads"])
+    for key, value in defaults.items():
+        if not config.get(key):
+            config[key] = value
+    return Target(config, host=host or {"kind": "llvm"})
 
 
 def resolve_target(target: Any, arg_name: str = "target") -> Target:

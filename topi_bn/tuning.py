@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import workloads as _workloads
-from .targets import check_host_can_run, resolve_target, tuning_log_key
+from .targets import check_host_can_run, resolve_target, tuning_log_key, with_gpu_limits
 
 __all__ = ["SPACES", "TuneConfig", "TuneResult", "tune", "workload_prim_func", "select_workloads",
            "build_visible_mod", "default_record"]
@@ -411,7 +411,8 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         progress = sys.stderr
     elif progress is False:
         progress = None
-    tgt = resolve_target(target)
+    # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
+    tgt = with_gpu_limits(resolve_target(target))
     if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute
         check_host_can_run(tgt, "target")
     chosen = select_workloads(workloads, tgt)

@@ -9,6 +9,11 @@ Groups:
 - ``bn_train``: training batch-norm, 32x64x56x56 and 8x256x28x28 in NCHW and NHWC;
 - ``layer_norm``: 128x768, 4096x1024 and 512x4096 (BERT-style rows);
 - ``smoke``: tiny shapes of every op, for CI runs of the benchmark suites;
+- ``gpu``: memory-bound shapes for GPUs (HBM-sized: far larger than a GPU's L2 cache) --
+  training BN 256x64x112x112 in NCHW and NHWC, layer_norm 65536x4096 and 16384x8192 -- meant for
+  the dtypes :data:`GPU_DTYPES`. On a CPU one of them takes seconds to minutes, so ``"all"``
+  (what CPU tuning and ``topi-bn bench`` run by default) leaves them out, as it leaves out
+  ``smoke``; name the group to get them.
 - ``resnet50-nchw<b>c``, ``mobilenetv2-nchw<b>c`` (``b`` = 4, 8, 16: the fp32 lanes of NEON,
   AVX2, AVX-512): the same conv layers as the blocked-layout kernel a CPU build runs inside a
   network (:func:`topi_bn.compute.conv2d_bn_act_nchwc`; channel blocks from
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Workload", "get", "list_workloads", "groups", "blocked_groups", "OPS", "CONV_OPS",
-           "BLOCK_SIZES"]
+           "BLOCK_SIZES", "GPU_DTYPES", "NOT_IN_ALL"]
 
 OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
        "conv2d_shift_act_nchwc")
@@ -40,6 +45,12 @@ BLOCKED_OPS = ("conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
 BLOCK_SIZES = (4, 8, 16)
 # optional tensor arguments, passed to the compute and the reference by keyword
 _KEYWORD_ARGS = ("bias", "residual")
+
+#: The dtypes the ``gpu`` workloads are run in (tests and benchmarks).
+GPU_DTYPES = ("float32", "float16", "bfloat16")
+
+#: Groups that ``list_workloads("all")`` leaves out: tiny CI shapes, and GPU-sized shapes.
+NOT_IN_ALL = ("smoke", "gpu")
 
 
 @dataclass(frozen=True)
@@ -368,8 +379,26 @@ def _smoke() -> list[Workload]:
     return [conv, dw, bn, ln]
 
 
+def _gpu() -> list[Workload]:
+    """Training BN and layer_norm at HBM sizes (0.4-1.6 GB of float32 data each)."""
+    g = "gpu"
+    out = []
+    for layout in ("NCHW", "NHWC"):
+        n, c, hw = 256, 64, 112
+        shape = (n, c, hw, hw) if layout == "NCHW" else (n, hw, hw, c)
+        chan = (c,)
+        out.append(Workload(
+            f"gpu.bn_train_{layout.lower()}_{'x'.join(map(str, shape))}", "batch_norm_train",
+            {"data": shape, "gamma": chan, "beta": chan, "running_mean": chan,
+             "running_var": chan}, {"axis": 1 if layout == "NCHW" else -1}, (g,)))
+    for r, h in ((65536, 4096), (16384, 8192)):
+        out.append(Workload(f"gpu.layer_norm_{r}x{h}", "layer_norm",
+                            {"data": (r, h), "gamma": (h,), "beta": (h,)}, {"axis": -1}, (g,)))
+    return out
+
+
 def _build() -> None:
-    for maker in (_resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _blocked):
+    for maker in (_resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _gpu, _blocked):
         for w in maker():
             if w.name not in _REGISTRY:  # repeated layers appear once
                 _register(w)
@@ -393,15 +422,15 @@ def groups() -> tuple[str, ...]:
 
 def list_workloads(group: str | None = None, op: str | None = None) -> list[Workload]:
     """Workloads of ``group`` (``"resnet50"``, ``"mobilenetv2"``, ``"bn_train"``,
-    ``"layer_norm"``, ``"smoke"``, the blocked-layout groups such as ``"resnet50-nchw8c"``;
-    ``"all"`` or ``None`` for all but smoke and the blocked ones, whose block size depends on
-    the target), optionally of one ``op``."""
+    ``"layer_norm"``, ``"smoke"``, ``"gpu"``, the blocked-layout groups such as
+    ``"resnet50-nchw8c"``; ``"all"`` or ``None`` for all but the groups of :data:`NOT_IN_ALL`
+    and the blocked ones, whose block size depends on the target), optionally of one ``op``."""
     if group not in (None, "all") and group not in groups():
         raise ValueError(f"group: expected one of {groups() + ('all',)}, got {group!r}")
     out = []
     for w in _REGISTRY.values():
         if group in (None, "all"):
-            if "smoke" in w.groups or w.block:
+            if any(g in NOT_IN_ALL for g in w.groups) or w.block:
                 continue
         elif group not in w.groups:
             continue

@@ -55,11 +55,10 @@ __all__ = ["GPU_WORKLOADS", "GPU_QUICK_WORKLOADS", "GPU_DTYPES", "gpu_workloads"
            "GPU_IMPLEMENTATIONS", "gpu_impl_names", "tvm_device_timer", "cuda_event_timer",
            "device_copy_ceiling", "gpu_cases", "bench_gpu", "two_pass_bytes"]
 
-#: The registry workloads the GPU benchmark runs, in table order: the one place to change.
-#: The memory-bound shapes (training BN 256x64x112x112 NCHW/NHWC, layer_norm 65536x4096 and
-#: 16384x8192) come with the registry's GPU-only group (branch ``norm``); when it lands, put
-#: their names first here (or replace the tuple by that group's names).
-GPU_WORKLOADS: tuple[str, ...] = (
+#: The registry workloads the GPU benchmark runs, in table order: the registry's ``gpu`` group
+#: (memory-bound: training BN 256x64x112x112 NCHW/NHWC, layer_norm 65536x4096 and 16384x8192)
+#: first, then the smaller registry shapes (launch- and cache-bound) and conv layers.
+GPU_WORKLOADS: tuple[str, ...] = tuple(w.name for w in W.list_workloads("gpu")) + (
     "bn_train.nchw_32x64x56x56", "bn_train.nhwc_32x64x56x56",
     "bn_train.nchw_8x256x28x28", "bn_train.nhwc_8x256x28x28",
     "layer_norm.4096x1024", "layer_norm.512x4096", "layer_norm.128x768",
@@ -71,7 +70,7 @@ GPU_QUICK_WORKLOADS: tuple[str, ...] = (
     "bn_train.nchw_32x64x56x56", "layer_norm.4096x1024", "resnet50.conv3x3_64_64_56_s1_relu",
 )
 #: element types of a GPU run (``--dtype`` chooses)
-GPU_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+GPU_DTYPES: tuple[str, ...] = W.GPU_DTYPES
 
 
 def gpu_workloads(quick: bool = False) -> list[W.Workload]:

@@ -25,9 +25,9 @@ Modes: ``fused`` and ``folded`` through both paths; ``opaque`` and ``unpacked`` 
 schedule). A network can name implementations to time once (:attr:`Network.time_once`):
 unpacked ResNet-50 takes seconds per call.
 
-Each build row shows its kernels (:func:`kernel_counts`): how many of the imported graph's
-batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded into conv weights, or left as
-separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
+Each build row shows its kernels (:func:`kernel_counts`, from the passes' own report): how
+many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded
+into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
 """
 from __future__ import annotations
@@ -194,37 +194,33 @@ def _call_counts(mod) -> dict[str, int]:
     return counts
 
 
-def kernel_counts(imported, moded, mode: str) -> dict[str, int]:
-    """What ``bn=mode`` made of the batch-norms and convs of a module.
+def kernel_counts(moded, report) -> dict[str, int]:
+    """What a ``bn`` mode made of the batch-norms and convs of a module.
 
     Parameters
     ----------
-    imported : tvm.IRModule
-        The module as imported.
     moded : tvm.IRModule
         ``topi_bn.apply_bn_mode(imported, mode)``.
-    mode : str
+    report : topi_bn.relax.report.BatchNormReport
+        Its report (``return_report=True``): the passes' own account of each batch-norm.
 
     Returns
     -------
     dict
-        ``bn`` (batch-norms in the imported graph), ``fused`` (``conv2d_bn_relu`` kernels),
-        ``folded`` (batch-norms folded into conv weights: gone without a fused kernel; 0
-        outside ``folded``), ``bn_separate`` (batch-norms left as ops or kernels of their own),
-        ``conv_kernels`` (convs on topi-bn conv kernels), ``conv_tvm`` (convs left to TVM).
+        ``bn`` (batch-norms in the imported graph), ``fused`` (fused into a
+        ``conv2d_bn_relu`` kernel), ``folded`` (folded into conv weights), ``bn_separate``
+        (left as kernels of their own, or unpacked), ``conv_kernels`` (convs on topi-bn conv
+        kernels), ``conv_tvm`` (convs left to TVM).
     """
-    before, after = _call_counts(imported), _call_counts(moded)
+    after = _call_counts(moded)
 
-    def total(counts, word):
-        return sum(v for k, v in counts.items() if word in k)
+    def total(word):
+        return sum(v for k, v in after.items() if word in k)
 
-    bn = before.get("relax.nn.batch_norm", 0)
-    fused = total(after, "conv2d_bn_relu")
-    separate = after.get("relax.nn.batch_norm", 0) + total(after, "tir:topi_bn_batch_norm")
-    return {"bn": bn, "fused": fused,
-            "folded": max(0, bn - fused - separate) if mode == "folded" else 0,
-            "bn_separate": separate,
-            "conv_kernels": fused + total(after, "conv2d_shift_act"),
+    return {"bn": len(report.batch_norms), "fused": report.count("fused"),
+            "folded": report.count("folded"),
+            "bn_separate": report.count("kernel") + report.count("unpacked"),
+            "conv_kernels": total("conv2d_bn_relu") + total("conv2d_shift_act"),
             "conv_tvm": after.get("relax.nn.conv2d", 0)}
 
 
@@ -296,7 +292,7 @@ class TopiBnBuild(NetworkImpl):
         mod = ctx.cached(f"import:{self.path}", lambda: IMPORT_PATHS[self.path](ctx))
         import_s = time.perf_counter() - t0
         info = {"mode": self.mode, "path": self.path,
-                **kernel_counts(mod, apply_bn_mode(mod, self.mode), self.mode)}
+                **kernel_counts(*apply_bn_mode(mod, self.mode, return_report=True))}
         log, logger = _RecordLog(), logging.getLogger("topi_bn")
         level = logger.level
         logger.addHandler(log)

@@ -28,9 +28,10 @@ from typing import Any
 import tvm
 from tvm import te
 
+from .statistics import two_pass_stats
 from ..checks import (
     cast as _cast,
-    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps,
+    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
     check_float, check_momentum, check_same_dtype, normalize_axis, shape_of,
 )
 
@@ -85,35 +86,30 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
     n = tvm.tirx.Cast(acc, count) if not isinstance(count, int) else tvm.tirx.const(count, acc)
     channels = shape[axis]
 
-    def reduce_axes(tag):
-        return [te.reduce_axis((0, ext), name=f"{tag}{d}") for d, ext in enumerate(shape) if d != axis]
+    def element(o, ridx):
+        it = iter(ridx)
+        return _cast(data[tuple(o[0] if d == axis else next(it) for d in range(len(shape)))], acc)
 
-    def element(c, raxes):
-        it = iter(raxes)
-        return _cast(data[tuple(c if d == axis else next(it) for d in range(len(shape)))], acc)
+    stats = two_pass_stats("bn", (channels,), [e for d, e in enumerate(shape) if d != axis],
+                           element, acc, attrs, outer_last=axis == len(shape) - 1)
+    var = te.compute((channels,), stats.var, name="bn_var", attrs=attrs)
+    eps_c = eps_const(eps, acc)
 
-    r1 = reduce_axes("r")
-    first = [0] * (len(shape) - 1)
+    def scale_fn(c):  # twice the scale: it multiplies (x - mean) / 2
+        inv = tvm.tirx.const(2, acc) / te.sqrt(var[c] + eps_c)
+        return inv * _cast(gamma[c], acc) if gamma is not None else inv
 
-    def pivot(c):
-        return element(c, first)
+    scale = te.compute((channels,), scale_fn, name="bn_scale", attrs=attrs)
 
-    total = te.compute((channels,), lambda c: te.sum(element(c, r1) - pivot(c), axis=r1),
-                       name="bn_sum", attrs=attrs)
-    # bn_mean is the shifted mean: mean - pivot
-    shifted = te.compute((channels,), lambda c: total[c] / n, name="bn_mean", attrs=attrs)
-    r2 = reduce_axes("s")
+    def norm(*idx):
+        c = idx[axis]
+        v = stats.centered(_cast(data[idx], acc), c) * scale[c]
+        if beta is not None:
+            v = v + _cast(beta[c], acc)
+        return _cast(v, dtype)
 
-    def sqdev(c):
-        dev = (element(c, r2) - pivot(c)) - shifted[c]
-        return te.sum(dev * dev, axis=r2)
-
-    sq = te.compute((channels,), sqdev, name="bn_sqdev", attrs=attrs)
-    var = te.compute((channels,), lambda c: sq[c] / n, name="bn_var", attrs=attrs)
-    y = _normalize(data, axis, pivot, shifted, var, gamma, beta, eps, acc, TRAIN_RULE)
-
-    def mean(c):
-        return pivot(c) + shifted[c]
+    y = te.compute(data.shape, norm, name="bn_norm", attrs=attrs)
+    mean = stats.mean
 
     m = tvm.tirx.const(momentum, acc)
     keep = tvm.tirx.const(1.0 - momentum, acc)
@@ -150,8 +146,7 @@ def batch_norm_infer(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
                           attrs={"schedule_rule": INFER_RULE})
     var_acc = te.compute(shape_of(var), lambda c: _cast(var[c], acc), name="bn_var",
                          attrs={"schedule_rule": INFER_RULE})
-    return _normalize(data, axis, lambda c: mean_acc[c], None, var_acc, gamma, beta, eps, acc,
-                      INFER_RULE)
+    return _normalize(data, axis, mean_acc, var_acc, gamma, beta, eps, acc, INFER_RULE)
 
 
 def _check_bn(data, gamma, beta, mean, var, axis, eps):
@@ -176,11 +171,10 @@ def _check_bn(data, gamma, beta, mean, var, axis, eps):
     return axis, dtype, pdtype
 
 
-def _normalize(data, axis, center, shifted, var, gamma, beta, eps, acc, rule):
-    """``y = ((x - center(c)) - shifted[c]) * scale[c] + beta[c]``: ``center`` is the mean, or
-    the pivot when ``shifted`` holds the mean's offset from it."""
+def _normalize(data, axis, mean, var, gamma, beta, eps, acc, rule):
+    """``y = (x - mean[c]) * scale[c] + beta[c]`` with ``scale = gamma / sqrt(var + eps)``."""
     attrs = {"schedule_rule": rule}
-    eps_c = tvm.tirx.const(eps, acc)
+    eps_c = eps_const(eps, acc)
     channels = shape_of(data)[axis]
 
     def scale_fn(c):
@@ -191,13 +185,9 @@ def _normalize(data, axis, center, shifted, var, gamma, beta, eps, acc, rule):
 
     def norm(*idx):
         c = idx[axis]
-        dev = _cast(data[idx], acc) - center(c)
-        if shifted is not None:
-            dev = dev - shifted[c]
-        v = dev * scale[c]
+        v = (_cast(data[idx], acc) - mean[c]) * scale[c]
         if beta is not None:
             v = v + _cast(beta[c], acc)
         return _cast(v, str(data.dtype))
 
     return te.compute(data.shape, norm, name="bn_norm", attrs=attrs)
-

@@ -23,7 +23,7 @@ from tvm import te
 from .activation import activation
 from ..checks import (
     cast as _cast,
-    ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps,
+    ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
     check_float, check_same_dtype, conv_geometry,
 )
 
@@ -138,7 +138,7 @@ def bn_epilogue_params(gamma, beta, mean, var, bias, eps: float, geo: ConvGeomet
     scale = te.compute(
         (geo.out_channels,),
         lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
-        / te.sqrt(f32(var, k) + tvm.tirx.const(eps, acc)),
+        / te.sqrt(f32(var, k) + eps_const(eps, acc)),
         name="bn_scale", attrs={"schedule_rule": rule})
 
     def shift_fn(k):

@@ -16,7 +16,8 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-from ..checks import cast as _cast, accum_dtype, check_eps, check_float, check_same_dtype, normalize_trailing_axes, shape_of
+from .statistics import two_pass_stats
+from ..checks import cast as _cast, accum_dtype, check_eps, eps_const, check_float, check_same_dtype, normalize_trailing_axes, shape_of
 
 RULE = "topi_bn.layer_norm"
 
@@ -60,43 +61,19 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
 
     acc = accum_dtype(dtype)
     attrs = {"schedule_rule": RULE}
-    rows = shape[:axes[0]]
-    n = 1
-    for ext in norm_shape:
-        n = n * ext
-    n = tvm.tirx.const(n, acc) if isinstance(n, int) else tvm.tirx.Cast(acc, n)
-
-    def red(tag):
-        return [te.reduce_axis((0, ext), name=f"{tag}{i}") for i, ext in enumerate(norm_shape)]
-
-    def elem(row, r):
-        return _cast(data[tuple(row) + tuple(r)], acc)
-
-    r1 = red("r")
-    first = [0] * len(norm_shape)
-
-    def pivot(row):
-        return elem(row, first)
-
-    total = te.compute(rows, lambda *row: te.sum(elem(row, r1) - pivot(row), axis=r1),
-                       name="ln_sum", attrs=attrs)
-    # ln_mean is the shifted mean: mean - pivot
-    shifted = te.compute(rows, lambda *row: total[row] / n, name="ln_mean", attrs=attrs)
-    r2 = red("s")
-
-    def sqdev(*row):
-        dev = (elem(row, r2) - pivot(row)) - shifted[row]
-        return te.sum(dev * dev, axis=r2)
-
-    sq = te.compute(rows, sqdev, name="ln_sqdev", attrs=attrs)
-    rstd = te.compute(rows, lambda *row: tvm.tirx.const(1, acc)
-                      / te.sqrt(sq[row] / n + tvm.tirx.const(eps, acc)), name="ln_rstd",
-                      attrs=attrs)
+    rows = tuple(shape[:axes[0]])
     k = len(norm_shape)
+    stats = two_pass_stats("ln", rows, list(norm_shape),
+                           lambda row, col: _cast(data[tuple(row) + tuple(col)], acc), acc, attrs)
+    eps_c = eps_const(eps, acc)
+    # 1 / sqrt(var + eps); 0 when the variance overflows (see topi_bn.compute.statistics)
+    rstd = te.compute(rows, lambda *row: tvm.tirx.const(1, acc) / te.sqrt(stats.var(*row) + eps_c),
+                      name="ln_rstd", attrs=attrs)
 
     def norm(*idx):
         row, col = idx[:-k], idx[-k:]
-        v = ((_cast(data[idx], acc) - pivot(row)) - shifted[row]) * rstd[row]
+        # (x - mean) / 2 times 2 rstd
+        v = stats.centered(_cast(data[idx], acc), *row) * (rstd[row] * tvm.tirx.const(2, acc))
         if gamma is not None:
             v = v * _cast(gamma[col], acc)
         if beta is not None:
@@ -106,7 +83,5 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
     y = te.compute(shape, norm, name="ln_norm", attrs=attrs)
     if not return_stats:
         return y
-    stat_dtype = acc
-    return [y, te.compute(rows, lambda *r: _cast(pivot(r) + shifted[r], stat_dtype), name="ln_mean_out", attrs=attrs),
-            te.compute(rows, lambda *r: _cast(rstd[r], stat_dtype), name="ln_rstd_out", attrs=attrs)]
-
+    return [y, te.compute(rows, lambda *r: stats.mean(*r), name="ln_mean_out", attrs=attrs),
+            te.compute(rows, lambda *r: rstd[r], name="ln_rstd_out", attrs=attrs)]

@@ -5,7 +5,11 @@
   (``running * momentum + batch * (1 - momentum)``, biased variance) while Relax/PyTorch weigh
   the batch value. The wrapper marks the module with ``topi_bn.bn_convention = "onnx"``, which
   the topi-bn registration reads: its training kernel then updates the running statistics the
-  ONNX way (``running_stats="onnx"``).
+  ONNX way (``running_stats="onnx"``). Before importing, it folds the small constant subgraphs
+  of the model (:func:`fold_onnx_constants`: the shape arithmetic ``torch.onnx.export`` writes
+  for an asymmetric ``F.pad``, on which TVM's importer fails), and it imports ``Clip`` with
+  constant bounds (ReLU6) as ``relax.clip``, which the conv fusion matches, where TVM's importer
+  writes ``maximum``/``minimum`` kernels.
 - :func:`from_exported_program`: TVM's PyTorch importer drops the updated running statistics of
   a train-mode ``BatchNorm`` (it returns zeros for the running variance and hides buffer
   mutations). The wrapper converts ``_native_batch_norm_legit_functional`` properly and, with
@@ -20,23 +24,186 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from .analysis import constant_value
 from .registration import BN_CONVENTION_ATTR
 
-__all__ = ["from_onnx", "from_exported_program", "OUTPUT_NAMES_ATTR"]
+__all__ = ["from_onnx", "fold_onnx_constants", "from_exported_program", "OUTPUT_NAMES_ATTR"]
 
 #: Function attribute of ``main`` naming its outputs (``buffer:<name>`` / ``user:<name>``).
 OUTPUT_NAMES_ATTR = "topi_bn.output_names"
 
 
-def from_onnx(model, *args: Any, **kwargs: Any) -> tvm.IRModule:
+#: ONNX ops never evaluated at import time (their value is not a function of their inputs).
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                               "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+
+
+def fold_onnx_constants(model, max_elements: int = 1 << 16):
+    """``model`` with its small constant subgraphs evaluated into initializers.
+
+    A node is folded when all its inputs are known (initializers, ``Constant`` nodes, folded
+    outputs, or ``Shape`` of a tensor whose shape ONNX shape inference finds static) and no
+    input or output has more than ``max_elements`` elements: the shape arithmetic exporters
+    write (``torch.onnx.export`` computes the ``pads`` of an asymmetric ``F.pad`` with
+    Shape/Gather/ConstantOfShape/Concat/Reshape/Slice/Transpose/Cast), not weights. Nodes are
+    evaluated with ``onnx.reference``; random ops, nodes with subgraphs and other domains are
+    left alone, as is ``Identity`` (TVM's importer passes its input through).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not changed.
+    max_elements : int
+        Largest tensor folded.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A copy with the folded nodes replaced by initializers (``model`` itself when nothing
+        folds).
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # noqa: BLE001 -- inference is a help here, not a requirement
+        inferred = model.graph
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    known = {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name not in inputs}
+    static = {}
+    for vi in (*inferred.value_info, *inferred.input, *inferred.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            static[vi.name] = [d.dim_value for d in tt.shape.dim]
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    subgraph = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    folded = set()
+    for i, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC \
+                or any(a.type in subgraph for a in node.attribute):
+            continue
+        args = [n for n in node.input if n]
+        if node.op_type == "Identity":
+            if args and args[0] in known:
+                known[node.output[0]] = known[args[0]]  # for the nodes below; the node stays
+            continue
+        if node.op_type == "Shape" and args and args[0] not in known and args[0] in static:
+            attrs = {a.name: a.i for a in node.attribute}
+            shape = np.array(static[args[0]], np.int64)
+            known[node.output[0]] = shape[attrs.get("start", 0):attrs.get("end", len(shape))]
+            folded.add(i)
+            continue
+        if not all(n in known and known[n].size <= max_elements for n in args):
+            continue
+        try:
+            outs = ReferenceEvaluator(node, opsets=opsets).run(None, {n: known[n] for n in args})
+        except Exception:  # noqa: BLE001 -- an op the reference cannot run stays in the graph
+            continue
+        outs = [np.asarray(o) for o in outs]
+        if any(o.size > max_elements for o in outs):
+            continue
+        known.update(zip(node.output, outs))
+        folded.add(i)
+    if not folded:
+        return model
+    kept = [n for i, n in enumerate(graph.node) if i not in folded]
+    needed = {n for node in kept for n in node.input} | {o.name for o in graph.output}
+    produced = {o for i in folded for o in graph.node[i].output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    out.graph.initializer.extend(numpy_helper.from_array(known[n], n)
+                                 for n in sorted(produced & needed))
+    return out
+
+
+def _onnx_importer():
+    """TVM's ``ONNXGraphImporter`` importing ``Clip`` with constant bounds as ``relax.clip``."""
+    import numpy as np
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    def scalar(expr):
+        value = constant_value(expr)
+        if value is None or value.size != 1:
+            return None
+        value = float(value.reshape(()))
+        return value if np.isfinite(value) else None
+
+    class Importer(ONNXGraphImporter):
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            x = inputs[0] if inputs else None
+            if op_name == "Clip" and isinstance(getattr(x, "ty", None), relax.TensorType) \
+                    and str(x.ty.dtype).startswith(("float", "bfloat")):
+                if opset >= 11:
+                    bounds = [scalar(b) if b is not None else None
+                              for b in (list(inputs[1:3]) + [None, None])[:2]]
+                else:
+                    bounds = [attrs.get("min"), attrs.get("max")]
+                if all(b is not None and np.isfinite(b) for b in bounds):
+                    return self.bb.normalize(relax.op.clip(x, float(bounds[0]),
+                                                           float(bounds[1])))
+            return super()._convert_operator(op_name, inputs, attrs, opset)
+
+    return Importer
+
+
+def from_onnx(model, shape_dict: dict | None = None, dtype_dict: str | dict | None = "float32",
+              opset: int | None = None, keep_params_in_input: bool = False,
+              sanitize_input_names: bool = True, fold_constants: bool = True) -> tvm.IRModule:
     """``tvm.relax.frontend.onnx.from_onnx`` with ONNX's batch-norm momentum convention kept.
 
-    Arguments are those of TVM's importer. Returns its module with attribute
-    ``topi_bn.bn_convention = "onnx"``.
-    """
-    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+    Parameters
+    ----------
+    model : onnx.ModelProto
+    shape_dict, dtype_dict, opset, keep_params_in_input, sanitize_input_names
+        As TVM's importer: input shapes and dtypes by input name (for inputs with dynamic
+        dimensions), opset override, parameters as inputs, input name sanitizing.
+    fold_constants : bool
+        Fold small constant subgraphs first (:func:`fold_onnx_constants`).
 
-    mod = _from_onnx(model, *args, **kwargs)
+    Returns
+    -------
+    tvm.IRModule
+        TVM's module with attribute ``topi_bn.bn_convention = "onnx"``.
+
+    Raises
+    ------
+    ValueError
+        When TVM's importer fails on the model; the message says which operator.
+    """
+    import warnings
+
+    import onnx
+
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model: expected an onnx.ModelProto (onnx.load(path)), got "
+                        f"{type(model).__name__}")
+    if model.ir_version < 3:
+        raise ValueError(f"model: ONNX IR version {model.ir_version} is not supported (TVM "
+                         f"needs 3 or later)")
+    if fold_constants:
+        model = fold_onnx_constants(model)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:  # noqa: BLE001 -- TVM's importer warns too, and goes on
+        warnings.warn(f"onnx checker: {str(err).splitlines()[0]}", stacklevel=2)
+    if opset is None:
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    importer = _onnx_importer()(shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input,
+                                sanitize=sanitize_input_names)
+    try:
+        mod = importer.from_onnx(model.graph, opset)
+    except Exception as err:  # noqa: BLE001 -- TVM raises many kinds; one clear line instead
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        what = lines[-1] if lines else type(err).__name__
+        raise ValueError(f"model: TVM's ONNX importer failed ({what}); give the inputs static "
+                         f"shapes (shape_dict) or simplify the graph (e.g. onnx-simplifier) "
+                         f"and try again") from err
     return mod.with_attr(BN_CONVENTION_ATTR, "onnx")
 
 

@@ -14,6 +14,9 @@
 ``unpacked``   TVM's own decomposition (``DecomposeOpsForInference``; for a module whose
                batch-norms are all in training mode, ``DecomposeOpsForTraining``) and TVM's own
                lowering of everything: the baseline. topi-bn's registration stays out of it.
+               Training batch-norms whose running statistics are returned get them computed
+               beside TVM's decomposition in the module's convention (PyTorch or ONNX), which
+               TVM's gets wrong (:class:`_RunningStats`).
 ``opaque``     each BN is one topi-bn kernel of its own, never unpacked nor fused with its
                neighbours (back ends with a batch-norm instruction); the convs [+ bias]
                [+ act] become ``conv2d_shift_act`` kernels (a zero shift without a bias).
@@ -35,12 +38,16 @@ import tvm
 from tvm import relax
 
 from ..targets import resolve_target, target_family
+from .analysis import FunctionUses, op_name, static_shape
 from .blocked import BlockedLayout
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
-from .registration import MODE_ATTR, OPS, StripKernelDescriptions, legalize_options
+from .registration import (
+    BN_CONVENTION_ATTR, MODE_ATTR, OPS, StripKernelDescriptions, legalize_options,
+)
+from .report import BatchNormOutcome, BatchNormReport
 
 __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
-           "bind_params", "check_layout"]
+           "bind_params", "check_layout", "NarrowKernelIndices"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 #: ``layout=`` of :func:`pipeline`, :func:`lower` and ``topi_bn.build``: ``"auto"`` runs the
@@ -75,21 +82,106 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
     return relax.transform.BindParams(func_name, values)(mod)
 
 
+def _batch_norms(mod: tvm.IRModule) -> list[tuple[str, str, relax.Call]]:
+    """``(function, variable, call)`` of every batch_norm binding, in program order."""
+    found = []
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            found += [(gv.name_hint, var.name, value)
+                      for var, value in FunctionUses(func).bindings()
+                      if op_name(value) == "relax.nn.batch_norm"]
+    return found
+
+
 def _batch_norm_modes(mod: tvm.IRModule) -> set[bool]:
     """The ``training`` flags of the module's batch_norm calls."""
-    found: set[bool] = set()
+    return {bool(call.attrs.training) for _, _, call in _batch_norms(mod)}
 
-    @relax.expr_functor.visitor
-    class _V(relax.PyExprVisitor):
-        def visit_call_(self, call):
-            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.batch_norm":
-                found.add(bool(call.attrs.training))
-            super().visit_call_(call)
 
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            _V().visit_expr(func)
-    return found
+# ----------------------------------------------------------------------------- bn="unpacked"
+
+@relax.expr_functor.mutator
+class _RunningStats(relax.PyExprMutator):
+    """Training batch-norms whose running statistics are read get them recomputed beside TVM's
+    decomposition, in the module's convention, from a float32 two-pass batch mean and variance.
+
+    TVM's ``DecomposeOpsForTraining`` updates the running variance with the biased batch
+    variance, reads ``momentum`` the PyTorch way whatever the model's convention, and reduces
+    float16 data in float16. ``y`` stays TVM's (the baseline); ``bn[1]``, ``bn[2]`` become
+    (N = the number of values per channel, m = momentum):
+
+    - PyTorch: ``(1 - m) * running + m * batch``, variance unbiased (``* N / (N - 1)``);
+    - ONNX (``topi_bn.bn_convention = "onnx"``): ``m * running + (1 - m) * batch``, biased.
+    """
+
+    def __init__(self, mod, convention: str):
+        super().__init__(mod)
+        self.convention = convention
+        self.targets: set = set()
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.targets:
+            return super().visit_var_binding_(binding)
+        call = self.visit_expr(binding.value)
+        x, _, _, running_mean, running_var = call.args
+        a = call.attrs
+        shape = static_shape(x)
+        if shape is None:
+            raise ValueError("bn: 'unpacked' needs static input shapes for training "
+                             "batch-norms whose running statistics are returned")
+        axis = int(a.axis) % len(shape)
+        axes = [i for i in range(len(shape)) if i != axis]
+        n = int(np.prod([shape[i] for i in axes]))
+        if n < 2:
+            raise ValueError(f"bn: a training batch-norm needs more than one value per channel "
+                             f"(input shape {shape}, axis {axis}), as in PyTorch")
+        emit = self.builder_.emit
+        bn = emit(call)
+        dtype = str(running_mean.ty.dtype)
+        xf = x if str(x.ty.dtype) in ("float32", "float64") else emit(relax.op.astype(x, "float32"))
+        acc = str(xf.ty.dtype)
+        mean_k = emit(relax.op.mean(xf, axis=axes, keepdims=True))
+        dev = emit(relax.op.subtract(xf, mean_k))
+        var = emit(relax.op.mean(relax.op.multiply(dev, dev), axis=axes))
+        mean = emit(relax.op.squeeze(mean_k, axis=axes))
+        m = float(a.momentum)
+        if self.convention == "onnx":
+            keep, take, unbias = m, 1.0 - m, 1.0
+        else:
+            keep, take, unbias = 1.0 - m, m, n / (n - 1)
+
+        def update(running, batch, factor):
+            r = running if str(running.ty.dtype) == acc else relax.op.astype(running, acc)
+            new = relax.op.add(relax.op.multiply(r, relax.const(keep, acc)),
+                               relax.op.multiply(batch, relax.const(take * factor, acc)))
+            return emit(new if dtype == acc else relax.op.astype(new, dtype))
+
+        out = relax.Tuple([emit(relax.TupleGetItem(bn, 0)), update(running_mean, mean, 1.0),
+                           update(running_var, var, unbias)])
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(out)))
+
+
+def _fix_running_stats(mod: tvm.IRModule) -> tvm.IRModule:
+    """:class:`_RunningStats` on every training batch-norm whose statistics are read."""
+    convention = "pytorch"
+    if mod.attrs is not None and BN_CONVENTION_ATTR in mod.attrs:
+        convention = str(mod.attrs[BN_CONVENTION_ATTR])
+    fixer = _RunningStats(mod, convention)
+    changed = False
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        uses = FunctionUses(func)
+        fixer.targets = {var for var, value in uses.bindings()
+                         if op_name(value) == "relax.nn.batch_norm" and value.attrs.training
+                         and uses.sole_item(var, 0) is None and uses.count(var) > 0}
+        if fixer.targets:
+            fixer.builder_.update_func(gv, fixer.visit_expr(func))
+            changed = True
+    if not changed:
+        return mod
+    out = fixer.builder_.get()
+    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
 
 
 @relax.expr_functor.mutator
@@ -117,7 +209,7 @@ def _legalize_only(mod: tvm.IRModule, ops) -> tvm.IRModule:
 
 
 def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None = None,
-                  target: Any = None) -> tvm.IRModule:
+                  target: Any = None, *, return_report: bool = False):
     """Rewrite the batch-norms of ``mod`` for build mode ``bn`` (see the module docstring).
 
     Parameters
@@ -131,34 +223,46 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     target : optional
         Unused by the graph rewrites (kept so every mode has one signature); the kernels are
         scheduled for it later, in :func:`pipeline`.
+    return_report : bool
+        Also return a :class:`~topi_bn.relax.report.BatchNormReport`: what became of each
+        batch-norm (fused, folded, its own kernel, unpacked) and why a fusion or fold did not
+        happen.
 
     Returns
     -------
-    tvm.IRModule
+    tvm.IRModule or (tvm.IRModule, BatchNormReport)
         The module for :func:`pipeline` / :func:`lower`, with attribute
         ``topi_bn.bn_mode = bn``.
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
     bn = _check_bn(bn)
+    if not isinstance(return_report, bool):
+        raise TypeError(f"return_report: expected a bool, got {type(return_report).__name__}")
     if target is not None:
         resolve_target(target)  # a bad target is reported here, not deep in the build
     mod = bind_params(mod, params)
+    found = _batch_norms(mod)
     # the kernels are scheduled after FuseTIR, in pipeline(): never at rewrite time
     with legalize_options(schedule=False):
         if bn == "fused":
-            mod = FuseConvBatchNorm()(mod)
+            fuse = FuseConvBatchNorm()
+            mod = fuse(mod)
+            outcomes = fuse.report
             mod = FuseConvShiftAct()(mod)  # the convs without a batch-norm
         elif bn == "folded":
             from topi_bn.fold import fold_batch_norm
 
-            mod, new_params, _record = fold_batch_norm(mod)
+            mod, new_params, record = fold_batch_norm(mod)
             mod = bind_params(mod, new_params)
-            mod = FuseConvBatchNorm()(mod)
+            fuse = FuseConvBatchNorm()
+            mod = fuse(mod)
+            outcomes = _folded_outcomes(record, fuse.report, found)
             mod = FuseConvShiftAct()(mod)
         elif bn == "unpacked":
-            modes = _batch_norm_modes(mod)
+            modes = {bool(call.attrs.training) for _, _, call in found}
             if modes == {True}:
+                mod = _fix_running_stats(mod)
                 mod = relax.transform.DecomposeOpsForTraining()(mod)
             elif modes == {True, False}:
                 raise ValueError("bn: 'unpacked' decomposes either inference or training "
@@ -166,11 +270,30 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
                                  "'opaque'")
             else:
                 mod = relax.transform.DecomposeOpsForInference()(mod)
+            outcomes = [BatchNormOutcome(f, v, "unpacked") for f, v, _ in found]
         else:  # opaque
             with legalize_options(opaque_batch_norm=True):
                 mod = _legalize_only(mod, {"relax.nn.batch_norm"})
             mod = FuseConvShiftAct()(mod)  # the convs on topi-bn's scheduled kernel
-    return mod.with_attr(MODE_ATTR, bn)
+            outcomes = [BatchNormOutcome(f, v, "kernel") for f, v, _ in found]
+    mod = mod.with_attr(MODE_ATTR, bn)
+    if return_report:
+        return mod, BatchNormReport(bn, outcomes)
+    return mod
+
+
+def _folded_outcomes(record, fused: list[BatchNormOutcome], found) -> list[BatchNormOutcome]:
+    """One outcome per batch-norm of a ``folded`` build, in program order: the fold record's
+    folded pairs, and what the fusion did with those the fold skipped (with the fold's
+    reason)."""
+    skipped = {(s.function, s.bn): s for s in record.skipped}
+    out = [BatchNormOutcome(f.function, f.bn, "folded", layer=f.layer) for f in record.folded]
+    for o in fused:
+        s = skipped.get((o.function, o.bn))
+        out.append(o if s is None else BatchNormOutcome(o.function, o.bn, o.outcome, o.layer,
+                                                        s.reason, s.detail))
+    order = {(f, v): i for i, (f, v, _) in enumerate(found)}
+    return sorted(out, key=lambda o: order.get((o.function, o.bn), len(order)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.ApplyDefaultSchedules")

@@ -9,7 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te"]
+__all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
+           "built_kernels"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
@@ -80,3 +81,41 @@ def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",
 
     lib = tvm.compile(mod, target=resolve_target(target))
     return run_prim_func(lib, arrays, [(o.shape, o.dtype) for o in outs])
+
+
+def built_kernels(mod, target) -> list[tuple]:
+    """The kernels a topi-bn build of ``mod`` (after ``apply_bn_mode``) compiles, sorted.
+
+    Each is ``(name, signature, structure)``: the PrimFunc name without the numeric suffix
+    that tells same-named kernels apart, its argument shapes and dtypes, and, for kernels with
+    topi-bn blocks, its structural hash (None for TVM's own kernels). Two imports of one model
+    build to the same kernels when the lists are equal.
+    """
+    import re
+
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from topi_bn.relax import pipeline
+    from topi_bn.schedules.common import has_topi_bn_blocks
+    from topi_bn.targets import resolve_target
+
+    lowered = pipeline(resolve_target(target))(mod)
+    kernels = []
+    for gv, func in lowered.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        sig = ", ".join(f"{a.dtype}{[_dim(d) for d in a.shape]}"
+                        for a in ArgInfo.from_prim_func(func))
+        ours = has_topi_bn_blocks(func)
+        kernels.append((re.sub(r"\d+$", "", gv.name_hint), sig,
+                        tvm_ffi.structural_hash(func) if ours else None))
+    return sorted(kernels, key=lambda k: (k[0], k[1], k[2] or 0))
+
+
+def _dim(d):
+    try:
+        return int(d)
+    except (TypeError, ValueError):
+        return str(d)

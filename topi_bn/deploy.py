@@ -1,0 +1,180 @@
+"""Production builds of whole models: ``topi-bn compile`` and ``topi-bn run``.
+
+``topi-bn compile MODEL.onnx|EXPORTED.pt2 --target T --bn MODE -o model.so`` imports the model
+(:func:`load_model`: ONNX through :func:`topi_bn.from_onnx`, a ``torch.export.save`` file
+through :func:`topi_bn.from_exported_program`), builds it with :func:`topi_bn.build_with_report`
+(shipped tuning logs plus the user's) and writes a shared library. The library needs nothing but
+TVM's runtime::
+
+    import numpy as np, tvm
+    from tvm import relax
+    vm = relax.VirtualMachine(tvm.runtime.load_module("model.so"), tvm.cpu())
+    y = vm["main"](tvm.runtime.tensor(np.load("x.npy")))  # a tuple from torch.export
+
+``topi-bn run model.so --input x.npy`` does the same (:func:`run_library`, which imports no
+compiler part of topi-bn).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from typing import Any, Callable, Sequence
+
+__all__ = ["MODEL_FORMATS", "load_model", "compile_model", "run_library"]
+
+#: File suffix -> what it holds.
+MODEL_FORMATS = {".onnx": "ONNX model (onnx.save)", ".pt2": "torch.export.save program"}
+
+
+def _model_format(path: str, arg: str) -> str:
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in MODEL_FORMATS:
+        raise ValueError(f"{arg}: expected a {' or '.join(MODEL_FORMATS)} file, got {path!r} "
+                         f"(unknown format {suffix or 'without a suffix'!r})")
+    if not os.path.isfile(path):
+        raise ValueError(f"{arg}: no such file: {path!r}")
+    return suffix
+
+
+def load_model(path: str, arg: str = "model"):
+    """The Relax module of the model file ``path``.
+
+    ``.onnx``: ``onnx.load`` -> :func:`topi_bn.from_onnx`; ``.pt2``: ``torch.export.load`` ->
+    :func:`topi_bn.from_exported_program` (parameters as constants, the model's outputs only:
+    no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
+    suffix or a file the reader cannot parse.
+    """
+    suffix = _model_format(path, arg)
+    from .relax import from_exported_program, from_onnx
+
+    if suffix == ".onnx":
+        import onnx
+
+        try:
+            model = onnx.load(path)
+        except Exception as err:  # noqa: BLE001 -- protobuf raises several kinds
+            raise ValueError(f"{arg}: {path!r} is not a readable ONNX model ({_first(err)})") \
+                from err
+        return from_onnx(model)
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
+            ep = torch.export.load(path)
+    except Exception as err:  # noqa: BLE001 -- zip, pickle and version errors
+        raise ValueError(f"{arg}: {path!r} is not a torch.export.save file ({_first(err)})") \
+            from err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return from_exported_program(ep, keep_buffer_updates=False)
+
+
+def _first(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def compile_model(model: str, output: str, target: Any, bn: str = "fused",
+                  tuning_logs: Sequence[str] = (), shipped: bool = True,
+                  progress: Callable[[str], None] | None = None):
+    """Import ``model``, build it for ``target`` and write the shared library ``output``.
+
+    Parameters
+    ----------
+    model : str
+        A ``.onnx`` or ``.pt2`` file (:func:`load_model`).
+    output : str
+        The library to write (``.so``); written through a temporary file beside it and moved
+        into place only when complete, so a failed build leaves an existing file untouched.
+    target : Target, dict or str
+        Anything :func:`topi_bn.resolve_target` accepts.
+    bn : {"fused", "folded", "unpacked", "opaque"}
+    tuning_logs : sequence of str
+        The user's MetaSchedule log directories; they win over the shipped ones.
+    shipped : bool
+        Also apply the package's logs for the target.
+    progress : callable, optional
+        Called with one line per step.
+
+    Returns
+    -------
+    topi_bn.build.BuildReport
+    """
+    from .build import build_with_report, shipped_log_dir
+    from .targets import resolve_target, tuning_log_key
+
+    say = progress or (lambda _line: None)
+    target = resolve_target(target, arg_name="target")
+    _model_format(model, "model")
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"output: folder {out_dir!r} does not exist")
+    if os.path.abspath(output) == os.path.abspath(model):
+        raise ValueError("output: would overwrite the model; name another file")
+    for d in tuning_logs:
+        if not os.path.isdir(d):
+            raise ValueError(f"tuning_logs: no such directory: {d!r}")
+    say(f"[1/3] importing {model}")
+    mod = load_model(model)
+    logs = list(tuning_logs) + (["shipped"] if shipped else [])
+    key = tuning_log_key(target)
+    say(f"[2/3] building for {key} (bn={bn})")
+    if shipped and not os.path.isdir(shipped_log_dir(target)):
+        say(f"note: topi-bn ships no tuning log for {key}: kernels without a record of "
+            f"--tuning-logs use default schedules")
+    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs)
+    say(f"[3/3] writing {output}")
+    tmp_dir = tempfile.mkdtemp(dir=out_dir, prefix=".topi-bn-")
+    try:
+        tmp = os.path.join(tmp_dir, os.path.basename(output))
+        ex.export_library(tmp)
+        os.replace(tmp, output)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return report
+
+
+def run_library(library: str, inputs: Sequence[str], device: str = "cpu") -> list:
+    """Run ``main`` of a library written by :func:`compile_model` on ``.npy`` inputs.
+
+    Uses TVM's runtime only (``tvm.runtime.load_module`` and the Relax VM). Returns the outputs
+    as NumPy arrays. Raises ValueError, naming the argument, for a missing or unreadable file.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    if not os.path.isfile(library):
+        raise ValueError(f"library: no such file: {library!r}")
+    arrays = []
+    for path in inputs:
+        if not os.path.isfile(path):
+            raise ValueError(f"--input: no such file: {path!r}")
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except Exception as err:  # noqa: BLE001 -- a file that is not a .npy array
+            raise ValueError(f"--input: {path!r} is not a .npy array ({_first(err)})") from err
+    try:
+        lib = tvm.runtime.load_module(library)
+    except Exception as err:  # noqa: BLE001 -- TVM raises its own error kinds
+        raise ValueError(f"library: cannot load {library!r} ({_first(err)})") from err
+    dev = tvm.device(device)
+    vm = relax.VirtualMachine(lib, dev)
+    try:
+        out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])
+    except Exception as err:  # noqa: BLE001 -- wrong count, shape or dtype of the inputs
+        raise ValueError(f"--input: the model rejected the inputs "
+                         f"({', '.join(f'{a.dtype}{list(a.shape)}' for a in arrays)}): "
+                         f"{_first(err)}") from err
+    return [o.numpy() for o in _flatten(out)]
+
+
+def _flatten(out) -> list:
+    import tvm
+
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out]
+    return [t for o in out for t in _flatten(o)]
