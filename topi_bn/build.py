@@ -222,7 +222,7 @@ class BuildReport:
 
 
 def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-                      tuning_logs="shipped"):
+                      tuning_logs="shipped", layout: str = "auto"):
     """:func:`build` of a Relax module, also saying what became of its batch-norms and which
     kernels were tuned.
 
@@ -236,6 +236,7 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
 
     target = resolve_target(target)
     _check_bn(bn)
+    modes.check_layout(layout, target, bn)
     if not isinstance(mod, tvm.IRModule) or not any(
             isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
         raise TypeError(f"mod: expected a tvm.IRModule with a Relax function, got "
@@ -243,7 +244,7 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     log_dirs = resolve_tuning_logs(tuning_logs, target)
     db = _reporting_database(load_logs(log_dirs, target).database, target)
     mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True)
-    ex = modes.lower(mod, target, database=db)
+    ex = modes.lower(mod, target, database=db, layout=layout)
     return ex, BuildReport(bn_report, list(dict.fromkeys(db.applied)),
                            list(dict.fromkeys(db.missing)), log_dirs)
 
@@ -272,6 +273,9 @@ def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
 
 def _build_prim_func(func, target, db):
     mod, _ = _schedule_prim_func(func, target, db)
+    modes = _relax_modes()
+    if modes is not None:  # int32 indices, as in Relax builds (NarrowKernelIndices)
+        mod = modes.NarrowKernelIndices()(mod)
     return tvm.compile(mod, target=target)
 
 
