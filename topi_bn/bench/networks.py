@@ -6,7 +6,9 @@ implementation                  what runs
 ==============================  =========================================================
 ``topi-bn <mode> (<path>)``     the model imported through ``<path>``, then
                                 ``topi_bn.build(mod, target, bn=<mode>,
-                                tuning_logs="shipped")``
+                                tuning_logs="shipped")``; on a CPU target
+                                ``fused`` and ``folded`` run the blocked layout
+``topi-bn fused NCHW (...)``    the same with ``layout="keep"``: the NCHW kernels
 ``topi-bn unpacked (...)``      TVM's own decomposition and lowering: the baseline
 ``torch``                       the model in eval mode under ``no_grad``
 ``onnxruntime``                 the ONNX export below, ``ORT_ENABLE_ALL``
@@ -277,11 +279,12 @@ class NetworkImpl:
 
 
 class TopiBnBuild(NetworkImpl):
-    """The network imported through ``path`` and built with ``topi_bn.build(bn=mode)``."""
+    """The network imported through ``path`` and built with ``topi_bn.build(bn=mode,
+    layout=layout)``; ``layout="keep"`` (the NCHW kernels) is named ``topi-bn <mode> NCHW``."""
 
-    def __init__(self, mode: str, path: str):
-        self.mode, self.path = mode, path
-        self.name = f"topi-bn {mode} ({path})"
+    def __init__(self, mode: str, path: str, layout: str = "auto"):
+        self.mode, self.path, self.layout = mode, path, layout
+        self.name = f"topi-bn {mode}{' NCHW' if layout == 'keep' else ''} ({path})"
         self.kind = "baseline" if mode == "unpacked" else "topi-bn"
 
     def prepare(self, ctx):
@@ -299,7 +302,8 @@ class TopiBnBuild(NetworkImpl):
         logger.setLevel(logging.INFO)
         try:
             t0 = time.perf_counter()
-            ex = build(mod, ctx.target, bn=self.mode, tuning_logs=ctx.tuning_logs)
+            ex = build(mod, ctx.target, bn=self.mode, tuning_logs=ctx.tuning_logs,
+                       layout=self.layout)
             build_s = time.perf_counter() - t0
         finally:
             logger.removeHandler(log)
@@ -337,6 +341,7 @@ class OnnxRuntime(NetworkImpl):
 #: The whole-network implementations, in table order.
 NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
     TopiBnBuild("fused", "torch.export"), TopiBnBuild("fused", "ONNX"),
+    TopiBnBuild("fused", "torch.export", layout="keep"),
     TopiBnBuild("folded", "torch.export"), TopiBnBuild("folded", "ONNX"),
     TopiBnBuild("opaque", "torch.export"), TopiBnBuild("unpacked", "torch.export"),
     TorchEager(), OnnxRuntime(),
