@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import workloads as W
+from .checks import check_writable_dir
 
 __all__ = [
     "BenchConfig", "Timing", "time_callable", "bandwidth_ceiling", "Impl", "IMPLEMENTATIONS",
@@ -1208,6 +1209,7 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
             error(f"--workload: {err}")
     try:
         resolve_bench_target(args.target, 1, "--target")
+        check_writable_dir("--out", args.out)  # before anything runs, not after the benchmark
     except (ValueError, TypeError) as err:
         error(str(err))
 

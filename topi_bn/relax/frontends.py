@@ -20,6 +20,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from ..checks import first_line, describe
 from .registration import BN_CONVENTION_ATTR
 
 __all__ = ["from_onnx", "from_exported_program", "OUTPUT_NAMES_ATTR"]
@@ -31,13 +32,77 @@ OUTPUT_NAMES_ATTR = "topi_bn.output_names"
 def from_onnx(model, *args: Any, **kwargs: Any) -> tvm.IRModule:
     """``tvm.relax.frontend.onnx.from_onnx`` with ONNX's batch-norm momentum convention kept.
 
-    Arguments are those of TVM's importer. Returns its module with attribute
-    ``topi_bn.bn_convention = "onnx"``.
+    Parameters
+    ----------
+    model : onnx.ModelProto or path
+        The model, or the path of an ``.onnx`` file.
+    *args, **kwargs
+        Passed to TVM's importer (``shape_dict``, ``dtype_dict``, ``opset``,
+        ``keep_params_in_input``, ``sanitize_input_names``).
+
+    Returns
+    -------
+    tvm.IRModule
+        TVM's module with attribute ``topi_bn.bn_convention = "onnx"``.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError, TypeError
+        A missing or unreadable file, a file or model that is not a valid ONNX model or that
+        TVM's importer cannot convert, an argument of the wrong type; one line naming it.
     """
+    import onnx
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
 
-    mod = _from_onnx(model, *args, **kwargs)
+    model = _load(model, "model", "an onnx.ModelProto", onnx.ModelProto, _read_onnx)
+    try:
+        mod = _from_onnx(model, *args, **kwargs)
+    except TypeError as err:  # an argument TVM's importer does not take
+        raise TypeError(f"from_onnx: {first_line(err)}") from err
+    except Exception as err:  # the importer raises all kinds: KeyError, OpNotImplemented, ...
+        try:
+            onnx.checker.check_model(model)
+        except Exception as invalid:  # onnx.checker.ValidationError
+            raise ValueError(f"model: not a valid ONNX model ({first_line(invalid)})") from err
+        raise ValueError(f"model: TVM's ONNX importer cannot convert it "
+                         f"({type(err).__name__}: {first_line(err)})") from err
     return mod.with_attr(BN_CONVENTION_ATTR, "onnx")
+
+
+def _read_onnx(path: str):
+    import onnx
+
+    return onnx.load(path)
+
+
+def _read_exported_program(path: str):
+    import torch
+
+    return torch.export.load(path)
+
+
+def _load(obj, name: str, expected: str, cls, read):
+    """``obj`` when it is a ``cls``, else the object read from the file at path ``obj``."""
+    import os
+
+    if isinstance(obj, cls):
+        return obj
+    if not isinstance(obj, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected {expected} or a file path, got "
+                        f"{describe(obj)}")
+    path = os.fspath(obj)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{name}: no such file: {path}")
+    try:
+        loaded = read(path)
+    except OSError as err:
+        raise OSError(f"{name}: cannot read {path} ({first_line(err)})") from err
+    except Exception as err:  # protobuf DecodeError, zipfile errors, ...
+        raise ValueError(f"{name}: {path} is not {expected} file ({type(err).__name__}: "
+                         f"{first_line(err)})") from err
+    if not isinstance(loaded, cls):
+        raise ValueError(f"{name}: {path} does not hold {expected}")
+    return loaded
 
 
 def _bn_functional(node, importer) -> relax.Var:
@@ -101,7 +166,8 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
 
     Parameters
     ----------
-    exported_program : torch.export.ExportedProgram
+    exported_program : torch.export.ExportedProgram or path
+        The program, or the path of a file written by ``torch.export.save``.
     keep_buffer_updates : bool
         Also return the updated buffers (BatchNorm running statistics, ``num_batches_tracked``)
         ahead of the user outputs; ``main``'s attribute ``topi_bn.output_names`` names them.
@@ -111,31 +177,37 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     import torch
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    if not isinstance(exported_program, torch.export.ExportedProgram):
+    if isinstance(exported_program, torch.nn.Module):
         raise TypeError(f"exported_program: expected a torch.export.ExportedProgram, got "
-                        f"{type(exported_program).__name__}")
+                        f"{describe(exported_program)}; export it first: "
+                        f"torch.export.export(model, example_args)")
+    exported_program = _load(exported_program, "exported_program",
+                             "a torch.export.ExportedProgram", torch.export.ExportedProgram,
+                             _read_exported_program)
     if not isinstance(keep_buffer_updates, bool):
         raise TypeError(f"keep_buffer_updates: expected a bool, got "
                         f"{type(keep_buffer_updates).__name__}")
-    ep = exported_program
-    if kwargs.pop("run_ep_decomposition", True):
-        ep = ep.run_decompositions()
+    run_decompositions = kwargs.pop("run_ep_decomposition", True)
     convert = dict(kwargs.pop("custom_convert_map", None) or {})
     convert.setdefault("_native_batch_norm_legit_functional.default", _bn_functional)
-    from torch.export.graph_signature import OutputKind
-
-    names = []
-    for spec in ep.graph_signature.output_specs:
-        if spec.kind == OutputKind.BUFFER_MUTATION and keep_buffer_updates:
-            names.append(f"buffer:{spec.target}")
-        elif spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
-            names.append(f"user:{spec.arg.name}")
-    source = _SignatureView(ep) if keep_buffer_updates else ep
-    mod = ExportedProgramImporter().from_exported_program(
-        source, kwargs.pop("keep_params_as_input", False),
-        kwargs.pop("unwrap_unit_return_tuple", False), kwargs.pop("no_bind_return_tuple", False),
-        convert)
+    flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
+             kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
         raise TypeError(f"from_exported_program: unexpected arguments {sorted(kwargs)}")
+    from torch.export.graph_signature import OutputKind
+
+    try:
+        ep = exported_program.run_decompositions() if run_decompositions else exported_program
+        names = []
+        for spec in ep.graph_signature.output_specs:
+            if spec.kind == OutputKind.BUFFER_MUTATION and keep_buffer_updates:
+                names.append(f"buffer:{spec.target}")
+            elif spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+                names.append(f"user:{spec.arg.name}")
+        source = _SignatureView(ep) if keep_buffer_updates else ep
+        mod = ExportedProgramImporter().from_exported_program(source, *flags, convert)
+    except Exception as err:  # unsupported operators (AssertionError), ...
+        raise ValueError(f"exported_program: TVM's PyTorch importer cannot convert it "
+                         f"({type(err).__name__}: {first_line(err)})") from err
     mod["main"] = mod["main"].with_attr(OUTPUT_NAMES_ATTR, names)
     return mod
