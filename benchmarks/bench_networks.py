@@ -1,7 +1,8 @@
-"""Whole-network benchmarks: ResNet-18 and MobileNetV2 (224x224, batch 1) per ``bn`` mode of
-``topi_bn.build`` against PyTorch eager and ONNX Runtime (:mod:`topi_bn.network_bench`).
+"""Whole-network benchmarks: ResNet-18, ResNet-50 and MobileNetV2 (224x224, batch 1), each
+imported through torch.export and ONNX and built per ``bn`` mode of ``topi_bn.build``, against
+PyTorch eager and ONNX Runtime (:mod:`topi_bn.bench.networks`).
 
-In smoke mode only the tiny network of :func:`topi_bn.network_bench.tiny_network` runs.
+In smoke mode only the tiny network of :func:`topi_bn.bench.networks.tiny_network` runs.
 Every case first checks its output against PyTorch eager.
 """
 from functools import lru_cache
@@ -9,8 +10,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from topi_bn import bench
-from topi_bn import network_bench as nb
+from topi_bn.bench import Unavailable
+from topi_bn.bench import networks as nb
 
 
 def _networks(config):
@@ -18,7 +19,7 @@ def _networks(config):
         return [nb.tiny_network()]
     try:
         return nb.default_networks()
-    except bench.Unavailable as err:
+    except Unavailable as err:
         return [pytest.param(None, marks=pytest.mark.skip(reason=str(err)), id="networks")]
 
 
@@ -28,7 +29,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("network", nets,
                              ids=[getattr(n, "name", None) or "networks" for n in nets])
     if "net_impl" in metafunc.fixturenames:
-        names = list(nb.NETWORK_IMPLS)
+        names = nb.network_impl_names()
         metafunc.parametrize("net_impl", names, ids=[n.replace(" ", "-") for n in names])
 
 
@@ -50,9 +51,10 @@ def test_network(network, net_impl, bench_cfg, bench_target, run_case):
     try:
         prepared = nb.prepare_network(net_impl, network, bench_target, bench_cfg.threads,
                                       model, x)
-    except bench.Unavailable as err:
+    except Unavailable as err:
         pytest.skip(str(err))
     prepared.run()
     assert nb.check_network_output(prepared.output(), ref) == "ok"
     run_case(prepared, network.name, impl=net_impl, network=network.name, note=prepared.note,
-             build_s=prepared.build_s)
+             build_s=prepared.build_s, **{k: v for k, v in prepared.info.items()
+                                          if isinstance(v, (int, float, str))})

@@ -1,5 +1,5 @@
-"""Op-level benchmarks: every implementation of :data:`topi_bn.bench.IMPLEMENTATIONS` on every
-selected workload (conv2d+BN+act incl. depthwise, training batch_norm, layer_norm).
+"""Op-level benchmarks: every implementation of :data:`topi_bn.bench.ops.IMPLEMENTATIONS` on
+every selected workload (conv2d+BN+act incl. depthwise, training batch_norm, layer_norm).
 
 Each case checks its output against the float64 reference once, then is timed with
 ``benchmark.pedantic``. Implementations that cannot run here (no ``topi_bn.build`` yet, ONNX
@@ -29,5 +29,6 @@ def test_op(workload, impl, bench_cfg, bench_target, run_case):
     prepared.run()
     assert bench.check_output(workload, prepared.output(), ref) == "ok"
     fam = bench.OP_FAMILIES[workload.op]
-    run_case(prepared, workload.name, op=workload.op, impl=impl, unit=fam.unit, flops=workload.flops,
-             bytes=workload.bytes_moved(), note=prepared.note, build_s=prepared.build_s)
+    run_case(prepared, workload.name, op=workload.op, impl=impl, unit=fam.unit,
+             flops=workload.flops, bytes=workload.bytes_moved(), note=prepared.note,
+             build_s=prepared.build_s)

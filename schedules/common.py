@@ -39,7 +39,7 @@ __all__ = [
     "ANCHORS", "RULE_PREFIX", "topi_bn_blocks", "schedule_function", "apply_default_schedules",
     "template_space", "strip_rules", "register_family", "target_scope", "family_for",
     "has_topi_bn_blocks", "block_rule", "base_name", "op_blocks", "inline_consumers",
-    "OUTPUT_BLOCKS",
+    "OUTPUT_BLOCKS", "CPU_ONLY_OPS",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -48,10 +48,15 @@ RULE_PREFIX = "topi_bn."
 ANCHORS = {
     "conv2d_bn_relu": "conv",
     "depthwise_conv2d_bn_relu": "conv",
+    "conv2d_nchwc": "conv",
+    "depthwise_conv2d_nchwc": "conv",
     "batch_norm_train": "bn_norm",
     "batch_norm_infer": "bn_norm",
     "layer_norm": "ln_norm",
 }
+
+# ops only the CPU family schedules (the blocked channel layout is a CPU layout)
+CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
 
 _FAMILIES: dict[str, ModuleType] = {}
 _scope = threading.local()
@@ -176,6 +181,11 @@ def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
     if not ops:
         return False
     family = family_for(target)
+    if family is not _FAMILIES.get("cpu"):
+        for op, _ in ops:
+            if op in CPU_ONLY_OPS:
+                raise ValueError(f"target: topi_bn.{op} (blocked channel layout) has CPU "
+                                 f"schedules only; build the NCHW kernel for {target.kind.name}")
     sch.work_on(func_name)
     for op, name in ops:
         # look the anchor up by name: scheduling an earlier op may have replaced block RVs

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from topi_bn import bench
@@ -99,8 +100,9 @@ def test_cli_smoke_writes_table_json_and_png(tmp_path, capsys):
             assert e["extra_info"]["note"] in ("tuned record", "no record: default schedule")
     skipped = data["topi_bn"]["skipped"]
     assert all(s["error"].startswith("n/a") for s in skipped)  # nothing failed
-    png = (out / "speedups.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    for name in ("speedups.png", "summary.png"):
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     md = (out / "results.md").read_text()
     assert "| workload |" in md and all(n in md for n in smoke)
     assert "smoke.layer_norm_16x64" in printed.out  # the table is printed
@@ -113,8 +115,9 @@ def test_json_is_read_by_pytest_benchmark_compare(tmp_path):
                         timing=bench.Timing([1e-3, 2e-3, 1.5e-3], 4), rate=1.0, unit="GB/s",
                         check="ok")
            for impl, kind in (("topi-bn untuned", "topi-bn"), ("TVM unpacked", "baseline"))]
-    bench._speedups(res)
+    bench.compute_speedups(res)
     assert res[0].extra["speedup_vs_unpacked"] == pytest.approx(1.0)
+    assert res[0].extra["speedup_vs"] == {"TVM unpacked": pytest.approx(1.0)}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(bench.to_json(res, bench.BenchConfig.smoke(),
                                              bench.machine_info(1))))
@@ -152,26 +155,50 @@ def test_bad_bench_arguments_exit_2_with_one_line(argv, message, capsys):
 
 
 def test_tiny_network_runner():
-    """The whole-network runner of ``topi-bn bench`` on the tiny net (the suites' smoke run
-    below builds every implementation; here two, through bench_networks and its table)."""
+    """The whole-network runner of ``topi-bn bench`` on the tiny net, both import paths (the
+    suites' smoke run below builds every implementation; here a few, through bench_networks,
+    its kernel counts and its table)."""
     pytest.importorskip("torch")
-    from topi_bn import network_bench as nb
+    pytest.importorskip("onnx")
+    from topi_bn.bench import networks as nb
+    from topi_bn.bench.report import format_networks, import_path_ratios
 
     cfg = bench.BenchConfig.smoke(threads=1)
-    impls = ("topi-bn fused", "topi-bn unpacked", "torch")
+    impls = ("topi-bn fused (torch.export)", "topi-bn fused (ONNX)",
+             "topi-bn folded (torch.export)", "topi-bn unpacked (torch.export)", "torch")
     results = nb.bench_networks(cfg, networks=[nb.tiny_network()], impls=impls, rounds=1,
-                                progress=lambda _msg: None)
+                                report=lambda _msg: None)
     by = {r.impl: r for r in results}
     assert set(by) == set(impls)
-    assert by["torch"].check == "ok"
-    if by["topi-bn fused"].timing is not None:
-        assert "speedup_vs_unpacked" in by["topi-bn fused"].extra
     for r in results:
         assert r.error == "" or r.error.startswith("n/a"), (r.impl, r.error)
-        if r.timing is not None:
-            assert r.check == "ok", (r.impl, r.check)
-    table = nb.format_networks(results)
-    assert "| tiny | torch |" in table
+        assert r.timing is not None and r.check == "ok", (r.impl, r.check)
+    assert "speedup_vs_unpacked" in by["topi-bn fused (torch.export)"].extra
+    assert "torch" in by["topi-bn fused (torch.export)"].extra["speedup_vs"]
+    # the tiny net has 3 conv -> BN pairs: torch.export fuses / folds every one
+    fused, folded = by["topi-bn fused (torch.export)"].extra, \
+        by["topi-bn folded (torch.export)"].extra
+    assert (fused["bn"], fused["fused"], fused["bn_separate"]) == (3, 3, 0)
+    assert (folded["bn"], folded["folded"], folded["fused"], folded["bn_separate"]) == \
+        (3, 3, 0, 0)
+    onnx = by["topi-bn fused (ONNX)"].extra
+    assert onnx["bn"] == 3 and onnx["fused"] + onnx["bn_separate"] == 3
+    assert onnx["conv_kernels"] == 3 and onnx["conv_tvm"] == 0
+    table = format_networks(results)
+    assert "| tiny | torch |" in table and "BN 3: fused 3, folded 0, separate 0" in table
+    assert any(line.startswith("- tiny fused: ONNX") for line in import_path_ratios(results))
+
+
+def test_a_failing_network_is_a_row():
+    """A network whose model cannot be made is reported in every row, not raised."""
+    from topi_bn.bench import networks as nb
+
+    def broken():
+        raise RuntimeError("no such model\nsecond line")
+    results = nb.bench_networks(bench.BenchConfig.smoke(threads=1),
+                                networks=[nb.Network("broken", broken)], impls=("torch",),
+                                report=lambda _msg: None)
+    assert [r.error for r in results] == ["RuntimeError: second line"]
 
 
 def test_benchmark_suites_in_smoke_mode(tmp_path):
@@ -185,3 +212,294 @@ def test_benchmark_suites_in_smoke_mode(tmp_path):
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and "failed" not in proc.stdout, tail
+
+
+# -- the package's structure and its seams (no timing asserted, nothing slow) -------------------
+def test_bench_package_has_no_import_circle():
+    """Every relative import inside topi_bn.bench points to a module listed before it: the
+    modules form a chain with no cycle (bench.py and network_bench.py used to import each
+    other)."""
+    import ast
+    import pkgutil
+
+    import topi_bn.bench as pkg
+
+    deps = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        path = os.path.join(pkg.__path__[0], info.name + ".py")
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        deps[info.name] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                deps[info.name].update(n.split(".")[0] for n in names)
+    deps.pop("__main__", None)
+    order, seen = [], set()
+
+    def visit(name, stack):
+        assert name not in stack, f"import circle: {' -> '.join(stack + [name])}"
+        if name in seen:
+            return
+        for dep in deps.get(name, ()):
+            visit(dep, stack + [name])
+        seen.add(name)
+        order.append(name)
+    for name in deps:
+        visit(name, [])
+    assert {"runner", "ops", "networks", "gpu", "report", "plots", "cli"} <= set(order)
+
+
+class _Fake(bench.OpImpl):
+    """An implementation whose prepare is given: the seam the tests inject through."""
+
+    def __init__(self, name, kind, prepare, ops=None):
+        self.name, self.kind, self.ops, self._prepare = name, kind, ops, prepare
+
+    def prepare(self, wl, ctx):
+        return self._prepare(wl, ctx)
+
+
+def _reference_impl(name, kind="peer", ops=None, **extra):
+    def prepare(wl, ctx):
+        ref = wl.reference(*ctx.arrays)[0]
+        return bench.Prepared(lambda: None, lambda: ref, **extra)
+    return _Fake(name, kind, prepare, ops)
+
+
+def test_failing_and_missing_implementations_are_rows_not_errors():
+    def boom(wl, ctx):
+        raise RuntimeError("C++ backtrace line\nthe real message")
+
+    def missing(wl, ctx):
+        raise bench.Unavailable("not installed here")
+
+    def wrong(wl, ctx):
+        return bench.Prepared(lambda: None, lambda: np.zeros((1,)))
+    impls = [_reference_impl("good", "topi-bn"), _Fake("boom", "peer", boom),
+             _Fake("missing", "peer", missing), _Fake("wrong", "peer", wrong),
+             _reference_impl("conv only", "topi-bn", ops=("conv2d_bn_relu",))]
+    wl = W.get("smoke.layer_norm_16x64")
+    results = bench.bench_workloads([wl], bench.BenchConfig.smoke(threads=1), impls=impls,
+                                    report=lambda _msg: None)
+    by = {r.impl: r for r in results}
+    assert "conv only" not in by  # does not apply to layer_norm: no row at all
+    assert by["good"].check == "ok" and by["good"].timing is not None
+    assert by["boom"].error == "RuntimeError: the real message" and by["boom"].timing is None
+    assert by["missing"].error == "n/a: not installed here"
+    assert by["wrong"].check.startswith("shape")
+    summary = bench.format_summary(results)
+    assert "| failed |" in summary and "| n/a |" in summary
+    table = bench.format_table(results)
+    assert "RuntimeError: the real message" in table and "n/a: not installed here" in table
+
+
+def test_side_costs_get_their_own_column():
+    """The seam for the blocked conv kernel of issue 11: a side cost (a layout conversion) is
+    timed separately and shown beside its implementation's time, per layer."""
+    calls = []
+    impls = [_reference_impl("topi-bn tuned", "topi-bn"),
+             _reference_impl("topi-bn blocked", "topi-bn",
+                             side_costs={"layout conversion": lambda: calls.append(1)}),
+             _reference_impl("torch")]
+    wl = W.get("smoke.conv3x3_8_16_10_s1_relu")
+    results = bench.bench_workloads([wl], bench.BenchConfig.smoke(threads=1), impls=impls,
+                                    report=lambda _msg: None)
+    blocked = next(r for r in results if r.impl == "topi-bn blocked")
+    assert calls and blocked.extra["side_costs_s"]["layout conversion"] >= 0
+    header = bench.format_summary(results).splitlines()[0]
+    assert "| topi-bn tuned ms | topi-bn blocked ms | torch ms | " \
+           "topi-bn blocked: layout conversion ms |" in header
+
+
+def test_cuda_refused_without_a_gpu(capsys):
+    from topi_bn.targets import host_can_run
+
+    if host_can_run("cuda")[0]:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--target", "cuda", "--out", "unused"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "error: --target" in last and "GPU" in last and "Traceback" not in err
+
+
+class _FakeGpu(bench.GpuImpl):
+    """A GPU implementation with a fixed per-call time and the reference as its output."""
+
+    def __init__(self, name, kind, seconds):
+        self.name, self.kind, self.seconds = name, kind, seconds
+
+    def prepare(self, wl, ctx):
+        ref = wl.reference(*ctx.arrays)[0]
+        return bench.Prepared(lambda: None, lambda: ref,
+                              timer=lambda rounds, _ms: bench.Timing([self.seconds] * rounds, 8))
+
+
+def test_gpu_report_with_injected_timings(tmp_path, capsys):
+    """``topi-bn bench --target cuda`` end to end without a GPU: fake implementations with
+    fixed device timings and a fake copy ceiling through the seams of run_gpu_bench."""
+    from topi_bn.bench import cli, gpu
+
+    out = tmp_path / "gpu-out"
+    parser = argparse.ArgumentParser()
+    cli.add_bench_arguments(parser)
+    args = parser.parse_args(["--target", "cuda", "--out", str(out), "--dtype", "float32",
+                              "--dtype", "float16", "--workload", "bn_train.nchw_32x64x56x56",
+                              "--workload", "smoke.layer_norm_16x64"])
+    impls = [_FakeGpu("topi-bn", "topi-bn", 1e-4), _FakeGpu("torch", "peer", 3e-4),
+             _FakeGpu("torch.compile", "peer", 2e-4)]
+    ceiling = {"ceiling_gbps": 3000.0, "bytes": 1 << 30, "how": "fake copy"}
+    rc = cli.run_gpu_bench(args, impls=impls, target="cuda", ceiling=ceiling)
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    data = json.loads((out / "results.json").read_text())
+    entries = {e["name"]: e for e in data["benchmarks"]}
+    bn = W.get("bn_train.nchw_32x64x56x56")
+    e = entries["bn_train.nchw_32x64x56x56/float16[topi-bn]"]
+    assert e["extra_info"]["rate"] == pytest.approx(bn.bytes_moved("float16") / 1e-4 / 1e9)
+    assert e["extra_info"]["pct_of_bandwidth"] == pytest.approx(e["extra_info"]["rate"] / 30)
+    assert e["extra_info"]["speedup_vs"] == {"torch": pytest.approx(3.0),
+                                             "torch.compile": pytest.approx(2.0)}
+    assert e["extra_info"]["two_pass_gbps"] == pytest.approx(
+        gpu.two_pass_bytes(bn, "float16") / 1e-4 / 1e9)
+    assert e["extra_info"]["check"] == "ok" and e["stats"]["iterations"] == 8
+    assert "bn_train.nchw_32x64x56x56[topi-bn]" in entries  # float32 keeps the plain name
+    md = (out / "results.md").read_text()
+    assert "fake copy" in md and "vs torch.compile" in md and "% of copy" in md
+    for png in ("speedups.png", "summary.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_peers_missing_are_rows():
+    """Without PyTorch CUDA (here: none) the peers are ``n/a: <reason>`` rows."""
+    from topi_bn.bench import gpu
+
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("torch has CUDA here")
+    except ImportError:
+        pass
+    wl = W.get("smoke.layer_norm_16x64")
+    results, ceiling = gpu.bench_gpu(
+        [wl], ["float32"], bench.BenchConfig.smoke(threads=1, bandwidth_mb=0),
+        impls=[_FakeGpu("topi-bn", "topi-bn", 1e-5), gpu.TorchCuda(), gpu.TorchCompile()],
+        target="cuda", report=lambda _m: None)
+    by = {r.impl: r for r in results}
+    assert ceiling is None
+    assert by["torch"].error.startswith("n/a: torch")
+    assert by["torch.compile"].error.startswith("n/a: ")
+    assert by["topi-bn"].timing is not None
+
+
+def test_device_timers_without_a_gpu():
+    """The GPU timers' arithmetic: TVM's time_evaluator (on the CPU device here) and CUDA
+    events (a stand-in torch whose events report fixed milliseconds)."""
+    import tvm
+    from tvm import te
+
+    from topi_bn.bench import gpu
+
+    a = te.placeholder((256,), "float32", name="a")
+    lib = tvm.compile(te.create_prim_func([a, te.compute((256,), lambda i: a[i] + 1)]),
+                      target="llvm")
+    args = [tvm.runtime.tensor(np.zeros(256, "float32")), tvm.runtime.empty((256,), "float32")]
+    t = gpu.tvm_device_timer(lib.mod, "main", tvm.cpu(), args)(3, 0.5)
+    assert len(t.data) == 3 and t.number >= 1 and t.median > 0
+
+    calls = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 4.0  # ms, whatever the round's calls
+
+    import types
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event,
+                                                                  synchronize=lambda: None))
+
+    t = gpu.cuda_event_timer(lambda: calls.append(1), fake_torch, warmup=1)(4, 10.0)
+    assert t.number == 4  # 4 ms once -> 4 calls make a 10 ms round (power of two)
+    assert t.data == [pytest.approx(1e-3)] * 4  # 4 ms / 4 calls
+    assert len(calls) == 1 + 1 + 4 * 4
+
+
+def test_device_copy_kernel_builds_for_cuda():
+    """The copy kernel of the GPU ceiling passes TVM's GPU checks and compiles (no GPU)."""
+    import shutil
+
+    import tvm
+
+    from topi_bn.bench import gpu
+    from topi_bn.targets import resolve_target
+
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    lib = tvm.compile(gpu._copy_kernel(1 << 12), target=resolve_target("cuda-sm90"))
+    assert "blockIdx.x" in lib.mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dtype", "float16"], "--dtype: the CPU benchmark is float32 only"),
+    (["--impl", "torch.compile"], "--impl"),
+    (["--tuning-logs", "/no/such/folder"], "--tuning-logs"),
+])
+def test_more_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv + ["--out", "unused"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--group", "smoke", "--out", str(blocker / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--out:" in err and "is not a folder" in err and "Traceback" not in err
+
+
+def test_errors_while_running_are_one_line(monkeypatch, capsys, tmp_path):
+    """An error the checks could not foresee (a disk that fills up...) exits 1 with one line."""
+    from topi_bn.bench import cli
+
+    def full(_args):
+        raise OSError(28, "No space left on device", "bench-out/results.json")
+    monkeypatch.setattr(cli, "_run_cpu", full)
+    monkeypatch.delenv("TOPI_BN_DEBUG", raising=False)
+    parser = argparse.ArgumentParser()
+    cli.add_bench_arguments(parser)
+    assert cli.run_bench(parser.parse_args(["--quick", "--out", str(tmp_path)])) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["topi-bn bench: error: cannot write bench-out/results.json: No space left on "
+                   "device (TOPI_BN_DEBUG=1 shows the traceback)"]
+
+
+def test_cuda_bench_target_is_this_gpu(monkeypatch):
+    """``--target cuda`` means this GPU's arch; another arch is refused (one line). A GPU is
+    faked: only the target logic runs."""
+    import types
+
+    import tvm
+
+    fake = types.SimpleNamespace(exist=True, compute_version="9.0", device_name="Fake H100")
+    monkeypatch.setattr(tvm, "cuda", lambda *_a: fake)
+    t = bench.resolve_bench_target("cuda", 2, "--target")
+    assert t.kind.name == "cuda" and str(t.attrs["arch"]) == "sm_90" and t.host is not None
+    with pytest.raises(ValueError, match="--target: sm_80 code does not run on this GPU"):
+        bench.resolve_bench_target("cuda-sm80", 2, "--target")
+    assert str(bench.resolve_bench_target("cuda-sm90", 2).attrs["arch"]) == "sm_90"

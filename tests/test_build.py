@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuning_helpers import (
-    OTHER_KEY_TARGET, SAME_KEY_TARGET, TARGET, TRIALS, WORKLOAD, assert_close, copy_log,
+    OTHER_KEY_TARGET, RECORDS, SAME_KEY_TARGET, TARGET, WORKLOAD, assert_close, copy_log,
     dir_digest, run_prim_func, tuned_log_dir,
 )
 
@@ -59,9 +59,10 @@ def test_build_applies_the_best_record(log_dir, func, workload):
     expected = _best_record_schedule(log_dir, func)
     assert tvm_ffi.structural_equal(mod["main"].without_attr("tirx.is_scheduled"),
                                     expected["main"])
-    default, applied_default = schedule_prim_func(func, TARGET, tuning_logs=None)
+    # without logs: the default schedule (which may also be the best record: tuning measures
+    # it as one candidate, see test_tune.py)
+    _, applied_default = schedule_prim_func(func, TARGET, tuning_logs=None)
     assert not applied_default
-    assert not tvm_ffi.structural_equal(mod["main"], default["main"])
 
     lib = build(func, TARGET, tuning_logs=log_dir)
     assert_close(*run_prim_func(lib, workload))
@@ -115,7 +116,7 @@ def test_records_for_other_targets_are_not_applied(log_dir, func):
 
     loaded = load_logs([log_dir], resolve_target(OTHER_KEY_TARGET))
     assert loaded.num_records == 0
-    assert loaded.skipped[log_dir]["other_target"] == TRIALS
+    assert loaded.skipped[log_dir]["other_target"] == RECORDS
     assert not schedule_prim_func(func, OTHER_KEY_TARGET, tuning_logs=log_dir)[1]
     # same log key, other CPU: applies
     assert schedule_prim_func(func, SAME_KEY_TARGET, tuning_logs=log_dir)[1]

@@ -8,8 +8,9 @@ import sys
 import textwrap
 
 import pytest
+import tvm
 
-from tuning_helpers import TRIALS, WORKLOAD, copy_log, dir_digest, tuned_log_dir
+from tuning_helpers import RECORDS, TARGET, TRIALS, WORKLOAD, copy_log, dir_digest, tuned_log_dir
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_tuning_writes_json_database(log_dir):
 
     assert os.path.isfile(os.path.join(log_dir, "database_workload.json"))
     records = _records(log_dir)
-    assert len(records) == TRIALS
+    assert len(records) == RECORDS  # the searched candidates and the default schedule
     # records are keyed by the PrimFunc as the build sees it
     want = build_visible_mod(workload_prim_func(WORKLOAD))
     assert all(tvm_ffi.structural_equal(r.workload.mod, want) for r in records)
@@ -98,6 +99,36 @@ def test_tuning_writes_json_database(log_dir):
     (entry,) = manifest.values()
     assert entry["workload"] == WORKLOAD and entry["trials"] == TRIALS
     assert entry["space"] == "template"
+
+
+def test_the_default_schedule_is_always_a_measured_candidate(log_dir):
+    """One record of every tuned workload replays to exactly the default schedule, measured by
+    the same runner, so the build (which takes the fastest record) never picks a tuned schedule
+    that measured slower than the default."""
+    import tvm_ffi
+
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.tuning import workload_prim_func
+
+    func = workload_prim_func(WORKLOAD)
+    default, _ = schedule_prim_func(func, TARGET, tuning_logs=None)
+    replayed = []
+    for rec in _records(log_dir):
+        sch = tvm.s_tir.Schedule(rec.workload.mod)
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        replayed.append((tvm_ffi.structural_equal(
+            sch.mod["main"], default["main"].without_attr("tirx.is_scheduled")), rec))
+    defaults = [rec for same, rec in replayed if same]
+    assert len(defaults) == 1
+    assert float(defaults[0].run_secs[0]) < 1e9  # it was measured, not a placeholder
+    # the build runs the fastest record: the default itself when nothing searched beat it
+    fastest = min((r for _, r in replayed), key=lambda r: float(r.run_secs[0]))
+    sch = tvm.s_tir.Schedule(fastest.workload.mod)
+    fastest.trace.apply_to_schedule(sch, remove_postproc=False)
+    chosen, applied = schedule_prim_func(func, TARGET, tuning_logs=log_dir)
+    assert applied
+    assert tvm_ffi.structural_equal(chosen["main"].without_attr("tirx.is_scheduled"),
+                                    sch.mod["main"])
 
 
 def test_resume_skips_completed_workloads(tmp_path):
@@ -154,7 +185,7 @@ def test_two_writers_lose_no_records(tmp_path, log_dir):
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()[-2000:]
-    assert len(_records(dst)) == 2 * rounds * TRIALS
+    assert len(_records(dst)) == 2 * rounds * RECORDS
     manifest = json.load(open(os.path.join(dst, "topi_bn_tuning.json")))
     assert set(manifest) == {f"{t}-{i}" for t in "ab" for i in range(rounds)}
     assert not [n for n in os.listdir(dst) if n.startswith(".merge-")]
@@ -245,4 +276,5 @@ def test_two_concurrent_tuners(tmp_path):
         assert p.returncode == 0, err.decode()[-2000:]
     manifest = json.load(open(os.path.join(log, "topi_bn_tuning.json")))
     assert sorted(e["workload"] for e in manifest.values()) == sorted(names)
-    assert len(_records(log)) == sum(e["trials"] for e in manifest.values())
+    # each workload: its searched trials and its default schedule
+    assert len(_records(log)) == sum(e["trials"] + 1 for e in manifest.values())

@@ -36,7 +36,7 @@ def assert_clear_error(call: Callable[[], Any], exc: type, name: str, match: str
     msg = str(info.value)
     assert type(info.value) is exc, f"{type(info.value).__name__}: {msg}"
     assert name in msg, f"{name!r} not named in: {msg}"
-    assert "\n" not in msg and len(msg) < 400, f"not one short line: {msg!r}"
+    assert "\n" not in msg and len(msg) < 600, f"not one short line: {msg!r}"
     if match is not None:
         import re
 
@@ -504,7 +504,7 @@ def test_tune_rejects(tmp_path, kw, exc, name):
 def test_tune_log_dir_that_is_a_file_is_kept(tmp_path):
     f = tmp_path / "log"
     f.write_text("mine")
-    assert_clear_error(_tune(tmp_path), ValueError, "log_dir", "not a directory")
+    assert_clear_error(_tune(tmp_path), ValueError, "log_dir", "not a folder")
     assert f.read_text() == "mine"
 
 
@@ -610,7 +610,7 @@ def test_cli_out_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
-        assert "not a directory" in capsys.readouterr().err
+        assert "not a folder" in capsys.readouterr().err
     assert f.read_text() == "mine"
 
 
@@ -649,8 +649,56 @@ def test_every_public_api_is_in_this_suite():
         "workload_prim_func", "fold_batch_norm", "FoldRecord", "bn_scale_shift",
         "apply_bn_mode", "lower", "pipeline", "from_onnx", "from_exported_program",
         "FuseConvBatchNorm",  # as fuse_conv_batch_norm (the pass runs it)
+        "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc", "layouts",
     }
     no_arguments = {"register", "unregister", "is_registered", "tvm_lowering"}
     data = {"SKIP_REASONS", "BN_MODES", "FoldedLayer", "SkippedBatchNorm"}
     passes = {"FoldBatchNorm", "FuseConvShiftAct"}  # module passes: TVM checks the module
     assert set(topi_bn.__all__) - covered - no_arguments - data - passes == set()
+
+
+# -- blocked layout (NCHWc) ------------------------------------------------------------------------
+def _nchwc_args():
+    cb = kb = 4
+    data = te.placeholder((1, C // cb, 6, 6, cb), "float32", name="data")
+    weight = te.placeholder((K // kb, C // cb, 3, 3, cb, kb), "float32", name="weight")
+    vecs = {n: te.placeholder((K,), "float32", name=n) for n in ("gamma", "beta", "mean", "var")}
+    return dict(data=data, weight=weight, **vecs)
+
+
+NCHWC_CASES = [
+    ("data=ndarray", {"data": np.ones((1, 2, 6, 6, 4), "float32")}, {}, TypeError, "data"),
+    ("var=None", {"var": None}, {}, TypeError, "var"),
+    ("residual=list", {"residual": [1.0]}, {}, TypeError, "residual"),
+    ("eps=inf", {}, {"eps": float("inf")}, ValueError, "eps"),
+    ("eps=1e39", {}, {"eps": 1e39}, ValueError, "eps"),
+    ("padding=1.5", {}, {"padding": 1.5}, TypeError, "padding"),
+    ("padding=True", {}, {"padding": True}, TypeError, "padding"),
+]
+
+
+@pytest.mark.parametrize("case, tensors, kwargs, exc, name", NCHWC_CASES,
+                         ids=[c[0] for c in NCHWC_CASES])
+def test_conv2d_bn_act_nchwc_rejects(case, tensors, kwargs, exc, name):
+    args = {**_nchwc_args(), **tensors}
+    assert_clear_error(lambda: topi_bn.conv2d_bn_act_nchwc(**args, **kwargs), exc, name)
+
+
+def test_layouts_reject():
+    from topi_bn import layouts
+
+    assert_clear_error(lambda: layouts.nchw_to_nchwc(np.ones((1, 6, 2, 2), "float32"), 4),
+                       ValueError, "cb")
+    assert_clear_error(lambda: layouts.pack_weight(np.ones((8, 8, 3, 3), "float32"), 3, 4),
+                       ValueError, "cb")
+
+
+def test_conv2d_shift_act_nchwc_rejects():
+    args = _nchwc_args()
+    data, weight = args["data"], args["weight"]
+    shift = te.placeholder((K,), "float32", name="shift")
+    f = topi_bn.conv2d_shift_act_nchwc
+    assert_clear_error(lambda: f(data, weight, None), TypeError, "shift")
+    assert_clear_error(lambda: f(data, np.ones((4, 2, 3, 3, 4, 4), "float32"), shift), TypeError,
+                       "weight")
+    assert_clear_error(lambda: f(data, weight, shift, padding=1.5), TypeError, "padding")

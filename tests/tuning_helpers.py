@@ -11,6 +11,8 @@ import numpy as np
 # the smallest registry workload with a multi-block template (5 blocks, several knobs)
 WORKLOAD = "smoke.layer_norm_16x64"
 TRIALS = 2
+# what one tuning run writes per workload: the searched candidates and the default schedule
+RECORDS = TRIALS + 1
 # The tuned log is made for a named ISA, never for "x86" (this host): the project's machines
 # differ (AVX2-only and AVX-512), and which records apply must not change with them. Code for
 # x86-avx2 runs on all of them.

@@ -24,9 +24,10 @@ import tvm.base as _tvm_base  # noqa: E402
 # On a board or under qemu only TVM's runtime is installed (no compiler): then only the runtime
 # parts (``topi_bn.arm_rpc_server``, ``topi_bn._qemu_runner``) are importable.
 if not _tvm_base._RUNTIME_ONLY:
-    from . import reference, workloads
+    from . import layouts, reference, workloads
     from .compute import (
-        batch_norm_infer, batch_norm_train, conv2d_bn_relu, conv2d_shift_act, layer_norm,
+        batch_norm_infer, batch_norm_train, conv2d_bn_act_nchwc, conv2d_bn_relu,
+        conv2d_shift_act, conv2d_shift_act_nchwc, layer_norm,
     )
     from .fold import (
         SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
@@ -44,8 +45,8 @@ if not _tvm_base._RUNTIME_ONLY:
 __version__ = "0.1.0"
 
 __all__ = [
-    "conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer", "layer_norm",
-    "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
+    "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc",
+    "batch_norm_train", "batch_norm_infer", "layer_norm", "layouts", "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",
     "register", "unregister", "is_registered", "tvm_lowering", "FuseConvBatchNorm",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -416,12 +416,12 @@ def check_writable_dir(name: str, path: Any) -> str:
         raise TypeError(f"{name}: expected a directory path, got {describe(path)} {path!r}")
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{name}: {path} exists and is not a directory")
+        raise ValueError(f"{name}: {path} exists and is not a folder")
     probe_in = path
     while not os.path.exists(probe_in):
         probe_in = os.path.dirname(os.path.abspath(probe_in))
     if not os.path.isdir(probe_in):
-        raise ValueError(f"{name}: cannot create {path}: {probe_in} is not a directory")
+        raise ValueError(f"{name}: cannot create {path}: {probe_in} is not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".topi_bn_probe_", dir=probe_in))
     except OSError as err:
@@ -448,6 +448,9 @@ class ConvGeometry:
     pad: tuple[int, int, int, int]  # top, left, bottom, right
     dilation: tuple[int, int]
     groups: int
+    # blocked channel layout (NCHW[cb]c data, OIHW[wcb]i[kb]o weight); 0 for NCHW/NHWC
+    in_block: int = 0
+    out_block: int = 0
 
     @property
     def in_per_group(self) -> int:
@@ -468,7 +471,15 @@ class ConvGeometry:
                 * self.in_per_group * self.kh * self.kw)
 
     @property
+    def weight_in_block(self) -> int:
+        """Input-channel block of a blocked weight: 1 for depthwise, else ``in_block``."""
+        return 1 if self.in_per_group == 1 else self.in_block
+
+    @property
     def out_shape(self) -> tuple:
+        if self.layout == "NCHWc":
+            return (self.batch, self.out_channels // self.out_block, self.out_h, self.out_w,
+                    self.out_block)
         if self.layout == "NCHW":
             return (self.batch, self.out_channels, self.out_h, self.out_w)
         return (self.batch, self.out_h, self.out_w, self.out_channels)
@@ -525,6 +536,54 @@ def conv_geometry(data: Any, weight: Any, strides: Any, padding: Any, dilation: 
                          f"{h}x{w} input padded by {padding}")
     return ConvGeometry(layout, n, c, k, h, w, kh, kw, oh, ow, (sh, sw), (pt, pl, pb, pr),
                         (dh, dw), groups)
+
+
+class _ShapeOnly:
+    """Stands in for a tensor when only its shape matters (the unblocked view of a blocked one)."""
+
+    def __init__(self, shape: tuple):
+        self.shape = tuple(shape)
+
+
+def conv_geometry_nchwc(data: Any, weight: Any, strides: Any, padding: Any, dilation: Any,
+                        groups: Any) -> ConvGeometry:
+    """Validate a blocked-layout conv2d's arguments and work out its geometry.
+
+    ``data`` is 5-D (N, C/cb, H, W, cb) (NCHW[cb]c); ``weight`` is 6-D
+    (K/kb, C/groups/wcb, KH, KW, wcb, kb) (OIHW[wcb]i[kb]o), where ``wcb`` is ``cb`` except for
+    depthwise convolutions (``groups == C``), whose weight is (K/kb, 1, KH, KW, 1, kb). ``cb``
+    must divide C/groups and ``kb`` must divide K/groups (depthwise: any blocks, each output
+    channel reads its own input channel). The checks and
+    sizes are those of :func:`conv_geometry` on the unblocked (NCHW/OIHW) shapes; the result has
+    ``layout="NCHWc"``, ``in_block=cb`` and ``out_block=kb``.
+    """
+    dshape = check_rank("data", data, 5, " in NCHW[x]c layout (N, C/cb, H, W, cb)")
+    wshape = check_rank("weight", weight, 6, " in OIHW[x]i[y]o layout "
+                        "(K/kb, C/groups/cb, KH, KW, cb, kb)")
+    n, c_chunks, h, w, cb = dshape
+    k_chunks, cg_chunks, kh, kw, wcb, kb = wshape
+    for nm, v, shp in (("data", (c_chunks, h, w, cb), dshape),
+                       ("weight", (k_chunks, cg_chunks, kh, kw, wcb, kb), wshape)):
+        if not all(isinstance(d, int) and d >= 1 for d in v):
+            raise ValueError(f"{nm}: channel, block and spatial dimensions must be static and "
+                             f">= 1, got shape {shp}")
+    c, k, cg = c_chunks * cb, k_chunks * kb, cg_chunks * wcb
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    depthwise = groups == c and groups > 1
+    if depthwise and (cg_chunks, wcb) != (1, 1):
+        raise ValueError(f"weight: a depthwise conv (groups == C == {c}) takes a weight of shape "
+                         f"(K/kb, 1, KH, KW, 1, kb), got {wshape}")
+    if not depthwise and wcb != cb:
+        raise ValueError(f"weight: its input-channel block (dim 4) must equal data's channel "
+                         f"block {cb}, got {wcb} (weight shape {wshape})")
+    geo = conv_geometry(_ShapeOnly((n, c, h, w)), _ShapeOnly((k, cg, kh, kw)), strides, padding,
+                        dilation, groups, "NCHW")
+    if not depthwise and geo.out_per_group % kb:
+        raise ValueError(f"weight: its output-channel block {kb} (dim 5) must divide the "
+                         f"{geo.out_per_group} output channels per group (K={k}, "
+                         f"groups={groups})")
+    return replace(geo, layout="NCHWc", in_block=cb, out_block=kb)
 
 
 def _dims_equal(a: Any, b: Any) -> bool:

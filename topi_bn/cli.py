@@ -37,8 +37,11 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
     p.add_argument("--workloads", default="smoke",
-                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke), 'all', or "
-                        "comma-separated workload names (default: smoke)")
+                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, or a "
+                        "blocked-layout group such as resnet50-nchw8c), 'all', or "
+                        "comma-separated workload names (default: smoke); on a CPU target "
+                        "resnet50, mobilenetv2 and all also tune the blocked-layout kernels for "
+                        "the target's block size")
     p.add_argument("--trials", type=_positive_int, default=16,
                    help="measured candidates per workload (default: 16)")
     p.add_argument("--log-dir", default=None,
@@ -63,7 +66,7 @@ def _tune_check(args, fail: Callable[[str], None]):
 
     try:
         target = resolve_target(args.target, arg_name="--target")
-        select_workloads(args.workloads)
+        select_workloads(args.workloads, target)
     except (ValueError, TypeError) as err:
         fail(str(err).replace("workloads:", "--workloads:", 1))
     if (args.rpc_tracker is None) != (args.rpc_key is None):
@@ -108,7 +111,10 @@ def _tune_run(args) -> int:
     skipped = [r for r in results if r.status == "skipped"]
     for r in tuned:
         best = f"{r.best_us:.1f} us ({r.metric})" if r.best_us is not None else "no valid candidate"
-        print(f"{r.workload}: {r.trials} trials, best {best}")
+        default = r.extra.get("default_us")
+        default = f", default schedule {default:.1f} us" if default is not None else \
+            ", default schedule failed to build or run"
+        print(f"{r.workload}: {r.trials} trials, best {best}{default}")
     print(f"tuned {len(tuned)}, skipped {len(skipped)} (already at {args.trials} trials); "
           f"log: {args.log_dir}")
     return 0
@@ -137,8 +143,9 @@ SUBCOMMANDS: list[tuple[str, Callable, Callable, Callable | None, str]] = [
     ("tune", _tune_arguments, _tune_run, _tune_check,
      "tune registry workloads with MetaSchedule into a JSON database"),
     ("bench", _bench_arguments, _bench_run, _bench_check,
-     "benchmark topi-bn (shipped logs, untuned) against TVM's unpacked batch-norm, PyTorch "
-     "eager and ONNX Runtime; table, JSON and a plot"),
+     "benchmark topi-bn (shipped logs, untuned, whole networks) against TVM's unpacked "
+     "batch-norm, PyTorch eager and ONNX Runtime, or (--target cuda) against PyTorch eager and "
+     "torch.compile on the GPU; tables, JSON and plots"),
 ]
 
 

@@ -15,11 +15,12 @@ import numpy as np
 from .checks import (
     ACTIVATIONS, RUNNING_STATS_CONVENTIONS, as_array, check_batch_norm, check_bool,
     check_channel_vector, check_choice, check_eps, check_layer_norm, check_momentum,
-    conv_geometry,
+    conv_geometry, conv_geometry_nchwc,
 )
 
 __all__ = [
-    "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "batch_norm_train", "batch_norm_infer",
+    "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc",
+    "conv2d_shift_act_nchwc", "batch_norm_train", "batch_norm_infer",
     "unpacked_batch_norm", "layer_norm", "apply_activation",
 ]
 
@@ -104,6 +105,47 @@ def conv2d_shift_act(data, weight, shift, *, strides: Any = 1, padding: Any = 0,
     check_channel_vector("shift", shift, y.shape[caxis], "weight")
     y = y + _channel_view(_f64(shift), 4, caxis)
     return apply_activation(y, activation)
+
+
+def conv2d_bn_act_nchwc(data, weight, gamma, beta, mean, var, bias=None, residual=None, *,
+                        strides: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                        eps: float = 1e-5, activation: str | None = "relu") -> np.ndarray:
+    """The blocked-layout kernel in float64: the NCHW reference on the unblocked tensors, the
+    residual added after the BN, the activation, and the result blocked again (N, K/kb, OH, OW,
+    kb)."""
+    from .layouts import nchw_to_nchwc, nchwc_to_nchw, unpack_weight
+
+    geo = _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual)
+    y = conv2d_bn_relu(nchwc_to_nchw(_f64(data)), unpack_weight(_f64(weight)), gamma, beta, mean,
+                       var, bias, strides=strides, padding=padding, dilation=dilation,
+                       groups=groups, eps=eps, activation="none")
+    if residual is not None:
+        y = y + nchwc_to_nchw(_f64(residual))
+    return nchw_to_nchwc(apply_activation(y, activation), geo.out_block)
+
+
+def conv2d_shift_act_nchwc(data, weight, shift, residual=None, *, strides: Any = 1,
+                           padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                           activation: str | None = "relu") -> np.ndarray:
+    """The folded blocked-layout kernel in float64 (``weight`` carries the BN scale)."""
+    from .layouts import nchw_to_nchwc, nchwc_to_nchw, unpack_weight
+
+    geo = _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual)
+    y = conv2d_shift_act(nchwc_to_nchw(_f64(data)), unpack_weight(_f64(weight)), shift,
+                         strides=strides, padding=padding, dilation=dilation, groups=groups,
+                         activation="none")
+    if residual is not None:
+        y = y + nchwc_to_nchw(_f64(residual))
+    return nchw_to_nchwc(apply_activation(y, activation), geo.out_block)
+
+
+def _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual):
+    geo = conv_geometry_nchwc(np.asarray(data), np.asarray(weight), strides, padding, dilation,
+                              groups)
+    if residual is not None and np.shape(residual) != geo.out_shape:
+        raise ValueError(f"residual: expected the output's shape {geo.out_shape}, got "
+                         f"{np.shape(residual)}")
+    return geo
 
 
 def unpacked_batch_norm(data, gamma, beta, mean, var, *, axis: int = 1,

@@ -12,6 +12,10 @@ shared log directory under a file lock (:mod:`topi_bn.tuning_db`). Records are k
 PrimFunc exactly as a Relax build sees it (:func:`workload_prim_func`), so
 ``MetaScheduleApplyDatabase`` finds them. A rerun skips the workloads whose trial budget is met
 (the log's ``topi_bn_tuning.json`` manifest says how many trials each has had).
+
+Every tuned workload also gets a record of its default schedule (what an untuned build runs),
+measured by the same builder and runner (:func:`default_record`): a build takes the fastest
+record, so a tuned build is never slower than the default as measured while tuning.
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ from . import workloads as _workloads
 from .checks import check_choice, check_writable_dir, describe
 from .targets import check_host_can_run, resolve_target, tuning_log_key
 
-__all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func", "select_workloads",
-           "build_visible_mod"]
+__all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
+           "select_workloads", "build_visible_mod", "default_record"]
 
 SPACES = ("template", "auto")
 #: Element types ``tune`` tunes for.
@@ -146,15 +150,20 @@ def build_visible_mod(func):
 
 
 # -- arguments ------------------------------------------------------------------------------------
-def select_workloads(spec) -> list:
+def select_workloads(spec, target=None) -> list:
     """Workloads named by ``spec``: a group (``topi_bn.workloads.groups()``), ``"all"``, a
-    comma-separated list of workload names, or a sequence of names/Workloads."""
+    comma-separated list of workload names, or a sequence of names/Workloads.
+
+    With a CPU ``target``, a network group (``resnet50``, ``mobilenetv2``) or ``"all"`` also
+    brings the blocked-layout kernels a CPU build of the network runs, for the target's block
+    size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2), after the NCHW ones; the ``bn="folded"``
+    kernels are their own groups (``resnet50-nchw8c-folded``)."""
     if isinstance(spec, _workloads.Workload):
         return [spec]
     if isinstance(spec, str):
         spec = spec.strip()
         if spec == "all" or spec in _workloads.groups():
-            return _workloads.list_workloads(spec)
+            return _workloads.list_workloads(spec) + _blocked_for(spec, target)
         names = [s.strip() for s in spec.split(",") if s.strip()]
     elif isinstance(spec, Sequence):
         names = list(spec)
@@ -176,6 +185,24 @@ def select_workloads(spec) -> list:
                 f"{', '.join(_workloads.groups() + ('all',))}; names are listed by "
                 f"topi_bn.workloads.list_workloads()") from None
     return out
+
+
+def _blocked_for(group: str, target) -> list:
+    """The blocked-layout workloads that go with ``group`` on CPU ``target`` (none for other
+    groups and targets)."""
+    from .targets import target_family, vector_lanes
+
+    networks = ("resnet50", "mobilenetv2") if group == "all" else (group,)
+    if target is None or not set(networks) <= {"resnet50", "mobilenetv2"}:
+        return []
+    tgt = resolve_target(target)
+    if target_family(tgt) == "cuda":
+        return []
+    lanes = vector_lanes(tgt, "float32")
+    if lanes not in _workloads.BLOCK_SIZES:
+        return []
+    return [w for g in _workloads.blocked_groups(lanes, networks=networks)
+            for w in _workloads.list_workloads(g)]
 
 
 def _check_trials(trials) -> int:
@@ -202,7 +229,7 @@ class _Progress:
         self.start = time.monotonic()
 
     def metric(self, workload, secs: float, dtype: str) -> str:
-        if workload.op == "conv2d_bn_relu":
+        if workload.op in _workloads.CONV_OPS:
             return f"{workload.flops / secs / 1e9:.1f} GFLOP/s"
         return f"{workload.bytes_moved(dtype) / secs / 1e9:.1f} GB/s"
 
@@ -302,6 +329,49 @@ def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key
     return rpc.make_cross_builder(target), rpc.make_rpc_runner(rpc_tracker, rpc_key)
 
 
+def _device_type(target) -> str:
+    """The runner's device name of ``target`` (``"cpu"`` for llvm)."""
+    return "cpu" if target.kind.name == "llvm" else target.kind.name
+
+
+def default_record(mod, target, builder, runner):
+    """The default schedule (what an untuned build runs) measured as one more candidate.
+
+    ``topi-bn tune`` adds this record to every workload it tunes, measured by the same builder
+    and runner as the searched candidates, so a build, which takes a workload's fastest record,
+    never runs a tuned schedule slower than the default one as measured while tuning. Returns a
+    ``TuningRecord`` (its trace replays the default schedule on ``mod``), or None when the
+    default schedule fails to build or run.
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.utils import remove_build_dir
+
+    from .schedules.common import schedule_function
+
+    sch = tvm.s_tir.Schedule(mod)
+    if not schedule_function(sch, target, tunable=False):
+        return None
+    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
+    if built.error_msg is not None:
+        logger.warning("default schedule failed to build: %s", built.error_msg.splitlines()[-1])
+        return None
+    args_info = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+    try:
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path,
+                                                      device_type=_device_type(target),
+                                                      args_info=args_info)])
+        result = future.result()
+    finally:
+        remove_build_dir(built.artifact_path)
+    if result.error_msg is not None or not result.run_secs:
+        logger.warning("default schedule failed to run: %s",
+                       (result.error_msg or "no time").splitlines()[-1])
+        return None
+    return ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), result.run_secs,
+                                    target, args_info)
+
+
 def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.PathLike | None = None,
          space: str = "template", dtype: str = "float32", *, rpc_tracker: str | None = None,
          rpc_key: str | None = None, config: TuneConfig | None = None,
@@ -358,7 +428,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         from .rpc import parse_tracker
 
         parse_tracker(rpc_tracker)
-    chosen = select_workloads(workloads)
+    chosen = select_workloads(workloads, tgt)
     trials = _check_trials(trials)
     space = check_choice("space", space, SPACES)
     dtype = check_choice("dtype", dtype, DTYPES)
@@ -425,7 +495,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
                     database=ms.database.MemoryDatabase(), cost_model="xgb",
                     measure_callbacks=callbacks, task_scheduler="round-robin")
             records = db.get_all_tuning_records()
-        measured = max(state["trials"], len(records))
+            measured = max(state["trials"], len(records))
+            default = default_record(mod, tgt, builder, runner)
+        if default is not None:
+            records = list(records) + [default]
         entry = {"workload": w.name, "dtype": dtype, "space": space, "target": str(tgt),
                  "trials": done + measured}
         if measured < budget:
@@ -435,6 +508,9 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         total = merge_records(log_dir, mod, records, key, entry)
         best_us = None if state["best"] is None else state["best"] * 1e6
         metric = "" if state["best"] is None else prog.metric(w, state["best"], dtype)
-        results.append(TuneResult(w.name, "tuned", measured, best_us, total, metric))
+        extra = {}
+        if default is not None:
+            extra["default_us"] = 1e6 * sum(float(x) for x in default.run_secs) / len(default.run_secs)
+        results.append(TuneResult(w.name, "tuned", measured, best_us, total, metric, extra))
         logger.info("tuned %s: %d trials, best %s", w.name, measured, metric or "none")
     return results

@@ -8,7 +8,15 @@ Groups:
   included), 224x224, batch 1, NCHW;
 - ``bn_train``: training batch-norm, 32x64x56x56 and 8x256x28x28 in NCHW and NHWC;
 - ``layer_norm``: 128x768, 4096x1024 and 512x4096 (BERT-style rows);
-- ``smoke``: tiny shapes of every op, for CI runs of the benchmark suites.
+- ``smoke``: tiny shapes of every op, for CI runs of the benchmark suites;
+- ``resnet50-nchw<b>c``, ``mobilenetv2-nchw<b>c`` (``b`` = 4, 8, 16: the fp32 lanes of NEON,
+  AVX2, AVX-512): the same conv layers as the blocked-layout kernel a CPU build runs inside a
+  network (:func:`topi_bn.compute.conv2d_bn_act_nchwc`; channel blocks from
+  :class:`topi_bn.layouts.ChannelBlocking`), with the residual add fused where the network has
+  one (ResNet-50's last 1x1 of each bottleneck: ``relu(bn(conv) + x)``; MobileNetV2's
+  stride-1 projections with equal channels: ``bn(conv) + x``); ``...-folded`` groups hold the
+  ``bn="folded"`` kernels (:func:`~topi_bn.compute.conv2d_shift_act_nchwc`); ``smoke-nchw<b>c``
+  tiny ones. :func:`blocked_groups` names the groups of a block size (a target's lanes).
 
 A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeholders,
 :meth:`Workload.compute` calls the topi-bn compute on them, :meth:`Workload.random_inputs`
@@ -21,9 +29,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Workload", "get", "list_workloads", "groups", "OPS"]
+__all__ = ["Workload", "get", "list_workloads", "groups", "blocked_groups", "OPS", "CONV_OPS",
+           "BLOCK_SIZES"]
 
-OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm")
+OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
+       "conv2d_shift_act_nchwc")
+CONV_OPS = ("conv2d_bn_relu", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
+BLOCKED_OPS = ("conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
+# channel blocks of the blocked-layout workloads: fp32 lanes of NEON, AVX2 and AVX-512
+BLOCK_SIZES = (4, 8, 16)
+# optional tensor arguments, passed to the compute and the reference by keyword
+_KEYWORD_ARGS = ("bias", "residual")
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,9 @@ class Workload:
     """One named problem size of one op.
 
     ``params`` are the op's keyword arguments (strides, padding, groups, layout, activation
-    for conv; axis for batch-norm and layer_norm). Shapes are in ``shapes``, keyed by argument.
+    for conv; axis for batch-norm and layer_norm). Shapes are in ``shapes``, keyed by argument
+    (``bias`` and ``residual`` are passed by keyword). A blocked-layout workload names the
+    NCHW layer it blocks in ``base`` and its target block size (the lanes) in ``block``.
     """
 
     name: str
@@ -39,6 +57,8 @@ class Workload:
     shapes: dict[str, tuple[int, ...]]
     params: dict[str, Any] = field(default_factory=dict)
     groups: tuple[str, ...] = ()
+    base: str = ""
+    block: int = 0
 
     # -- inputs -----------------------------------------------------------------------------
     @property
@@ -71,15 +91,25 @@ class Workload:
         output tensors."""
         from . import compute
 
-        fn = getattr(compute, self.op)
-        outs = fn(*args, **self.params)
+        pos, kw = self._split_args(args)
+        outs = getattr(compute, self.op)(*pos, **kw, **self.params)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
     def reference(self, *arrays) -> list[np.ndarray]:
         from . import reference
 
-        outs = getattr(reference, self.op)(*arrays, **self.params)
+        pos, kw = self._split_args(arrays)
+        outs = getattr(reference, self.op)(*pos, **kw, **self.params)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+    def _split_args(self, args) -> tuple[list, dict]:
+        pos, kw = [], {}
+        for name, a in zip(self.arg_names, args):
+            if name in _KEYWORD_ARGS:
+                kw[name] = a
+            else:
+                pos.append(a)
+        return pos, kw
 
     def prim_func(self, dtype: str = "float32"):
         """The compute as a PrimFunc (``te.create_prim_func``), arguments then outputs."""
@@ -91,21 +121,26 @@ class Workload:
     # -- size -----------------------------------------------------------------------------
     @property
     def out_channels(self) -> int:
-        if self.op == "conv2d_bn_relu":
-            return int(self.shapes["gamma"][0])
+        if self.op in CONV_OPS:
+            return int(self.shapes["shift" if "shift" in self.shapes else "gamma"][0])
         return 1
+
+    def geometry(self):
+        """The :class:`~topi_bn.checks.ConvGeometry` of a conv workload."""
+        from .checks import conv_geometry, conv_geometry_nchwc
+
+        args = (_Shape(self.shapes["data"]), _Shape(self.shapes["weight"]),
+                self.params.get("strides", 1), self.params.get("padding", 0),
+                self.params.get("dilation", 1), self.params.get("groups", 1))
+        if self.op in BLOCKED_OPS:
+            return conv_geometry_nchwc(*args)
+        return conv_geometry(*args, self.params.get("layout", "NCHW"))
 
     @property
     def flops(self) -> int:
         """Useful floating-point operations (conv: 2 per multiply-add; norms: ~8 per element)."""
-        if self.op == "conv2d_bn_relu":
-            from .checks import conv_geometry
-
-            geo = conv_geometry(_Shape(self.shapes["data"]), _Shape(self.shapes["weight"]),
-                                self.params.get("strides", 1), self.params.get("padding", 0),
-                                self.params.get("dilation", 1), self.params.get("groups", 1),
-                                self.params.get("layout", "NCHW"))
-            return geo.flops
+        if self.op in CONV_OPS:
+            return self.geometry().flops
         return 8 * int(np.prod(self.shapes["data"]))
 
     def bytes_moved(self, dtype: str = "float32") -> int:
@@ -116,14 +151,8 @@ class Workload:
         """
         item = np.dtype(np.float16 if dtype in ("float16", "bfloat16") else dtype).itemsize
         inputs = sum(int(np.prod(s)) for s in self.shapes.values())
-        if self.op == "conv2d_bn_relu":
-            from .checks import conv_geometry
-
-            geo = conv_geometry(_Shape(self.shapes["data"]), _Shape(self.shapes["weight"]),
-                                self.params.get("strides", 1), self.params.get("padding", 0),
-                                self.params.get("dilation", 1), self.params.get("groups", 1),
-                                self.params.get("layout", "NCHW"))
-            outputs = int(np.prod(geo.out_shape))
+        if self.op in CONV_OPS:
+            outputs = int(np.prod(self.geometry().out_shape))
         else:
             outputs = int(np.prod(self.shapes["data"]))
         return (inputs + outputs) * item
@@ -209,6 +238,103 @@ def _mobilenetv2() -> list[Workload]:
     return layers
 
 
+def _conv_nchwc(base: Workload, block: int, residual: bool = False, activation: str | None = None,
+                folded: bool = False) -> Workload:
+    """The blocked-layout twin of NCHW conv layer ``base`` for channel block ``block`` (the
+    target's lanes): NCHW[cb]c data, OIHW[cb]i[kb]o weight, optionally a residual added before
+    ``activation`` (default: ``base``'s), ``folded`` for the ``conv2d_shift_act_nchwc``
+    kernel."""
+    from .layouts import ChannelBlocking
+
+    n, c, h, w = base.shapes["data"]
+    k, cg, kh, kw = base.shapes["weight"]
+    groups = base.params.get("groups", 1)
+    blocking = ChannelBlocking(block)
+    cb, kb = blocking.block(c), blocking.block(k)
+    wcb = 1 if cg == 1 and groups > 1 else cb
+    act = activation or base.params.get("activation", "relu")
+    geo = base.geometry()
+    chan = (k,)
+    shapes = {"data": (n, c // cb, h, w, cb), "weight": (k // kb, cg // wcb, kh, kw, wcb, kb)}
+    shapes.update({"shift": chan} if folded else
+                  {"gamma": chan, "beta": chan, "mean": chan, "var": chan})
+    if residual:
+        shapes["residual"] = (n, k // kb, geo.out_h, geo.out_w, kb)
+    params = {key: v for key, v in base.params.items() if key != "layout"}
+    params["activation"] = act
+    stem, rest = base.name.split(".", 1)
+    layer = rest.rsplit("_", 1)[0] + f"_{act}" + ("_res" if residual else "")
+    name = f"{stem}.{layer}.nchw{block}c" + (".folded" if folded else "")
+    suffix = f"-nchw{block}c" + ("-folded" if folded else "")
+    return Workload(name, "conv2d_shift_act_nchwc" if folded else "conv2d_bn_act_nchwc", shapes,
+                    params, tuple(g + suffix for g in base.groups), base=base.name, block=block)
+
+
+def _residual_layers() -> dict[str, list[tuple[Workload, bool, str]]]:
+    """Per network, ``(NCHW layer, residual, activation)`` of every conv as the network runs it
+    (the NCHW registry lists each distinct conv once and without its residual add)."""
+    r50 = []
+    cin, hw = 64, 56
+    r50.append((_conv("resnet50", "resnet50", 3, 64, 224, 7, 2, 1, "relu"), False, "relu"))
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        out = width * 4
+        for b in range(blocks):
+            s = stride if b == 0 else 1
+            r50.append((_conv("resnet50", "resnet50", cin, width, hw, 1, 1, 1, "relu"), False,
+                        "relu"))
+            r50.append((_conv("resnet50", "resnet50", width, width, hw, 3, s, 1, "relu"), False,
+                        "relu"))
+            ohw = hw // s
+            if b == 0:
+                r50.append((_conv("resnet50", "resnet50", cin, out, hw, 1, s, 1, "none"), False,
+                            "none"))
+            # the block's output: relu(bn(conv) + identity or downsample)
+            r50.append((_conv("resnet50", "resnet50", width, out, ohw, 1, 1, 1, "none"), True,
+                        "relu"))
+            cin, hw = out, ohw
+    g = "mobilenetv2"
+    mb = [(_conv(g, g, 3, 32, 224, 3, 2, 1, "relu6"), False, "relu6")]
+    cin, hw = 32, 112
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            if t != 1:
+                mb.append((_conv(g, g, cin, hidden, hw, 1, 1, 1, "relu6"), False, "relu6"))
+            mb.append((_conv(g, g, hidden, hidden, hw, 3, stride, hidden, "relu6"), False,
+                       "relu6"))
+            hw //= stride
+            # a stride-1 block with equal channels adds its input (linear bottleneck)
+            mb.append((_conv(g, g, hidden, c, hw, 1, 1, 1, "none"), stride == 1 and cin == c,
+                       "none"))
+            cin = c
+    mb.append((_conv(g, g, 320, 1280, 7, 1, 1, 1, "relu6"), False, "relu6"))
+    return {"resnet50": r50, "mobilenetv2": mb}
+
+
+def _blocked() -> list[Workload]:
+    out = []
+    layers = _residual_layers()
+    smoke = [(w, False, w.params["activation"]) for w in _smoke() if w.op == "conv2d_bn_relu"]
+    smoke.append((smoke[0][0], True, "relu"))
+    for block in BLOCK_SIZES:
+        for net in ("resnet50", "mobilenetv2"):
+            for folded in (False, True):
+                out += [_conv_nchwc(w, block, res, act, folded) for w, res, act in layers[net]]
+        out += [_conv_nchwc(w, block, res, act) for w, res, act in smoke]
+    return out
+
+
+def blocked_groups(block: int, folded: bool = False, networks=("resnet50", "mobilenetv2")
+                   ) -> tuple[str, ...]:
+    """The blocked-layout groups of ``block`` (a target's fp32 lanes) for ``networks``."""
+    if block not in BLOCK_SIZES:
+        raise ValueError(f"block: expected one of {BLOCK_SIZES}, got {block!r}")
+    suffix = f"-nchw{block}c" + ("-folded" if folded else "")
+    return tuple(n + suffix for n in networks)
+
+
 def _bn_train() -> list[Workload]:
     out = []
     for n, c, hw in ((32, 64, 56), (8, 256, 28)):
@@ -243,7 +369,7 @@ def _smoke() -> list[Workload]:
 
 
 def _build() -> None:
-    for maker in (_resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke):
+    for maker in (_resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _blocked):
         for w in maker():
             if w.name not in _REGISTRY:  # repeated layers appear once
                 _register(w)
@@ -269,8 +395,9 @@ def groups() -> tuple[str, ...]:
 
 def list_workloads(group: str | None = None, op: str | None = None) -> list[Workload]:
     """Workloads of ``group`` (``"resnet50"``, ``"mobilenetv2"``, ``"bn_train"``,
-    ``"layer_norm"``, ``"smoke"``; ``"all"`` or ``None`` for all but smoke), optionally of one
-    ``op``."""
+    ``"layer_norm"``, ``"smoke"``, the blocked-layout groups such as ``"resnet50-nchw8c"``;
+    ``"all"`` or ``None`` for all but smoke and the blocked ones, whose block size depends on
+    the target), optionally of one ``op``."""
     if group not in (None, "all") and group not in groups():
         raise ValueError(f"group: expected one of {groups() + ('all',)}, got {group!r}")
     if op is not None and op not in OPS:
@@ -278,7 +405,7 @@ def list_workloads(group: str | None = None, op: str | None = None) -> list[Work
     out = []
     for w in _REGISTRY.values():
         if group in (None, "all"):
-            if "smoke" in w.groups:
+            if "smoke" in w.groups or w.block:
                 continue
         elif group not in w.groups:
             continue

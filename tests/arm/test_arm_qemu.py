@@ -14,8 +14,10 @@ from topi_bn.testing import as_float64, assert_close
 pytestmark = pytest.mark.arm
 
 # (workload, dtype): the smoke workloads of the three ops (conv incl. depthwise + ReLU6),
+# the blocked-layout conv with NEON's block of 4 (3x3 with and without a residual, depthwise),
 # plus the 16-bit path of the norms (float32 accumulation; rasp4b64 has no fp16 SIMD).
 CASES = [(w.name, "float32") for w in workloads.list_workloads("smoke")] + [
+    (w.name, "float32") for w in workloads.list_workloads("smoke-nchw4c")] + [
     ("smoke.bn_train_4x8x6x6", "float16"),
     ("smoke.layer_norm_16x64", "float16"),
 ]
@@ -80,7 +82,8 @@ def test_sysroot_reason_when_absent(tmp_path):
 
 
 def test_cases_cover_the_three_ops():
-    assert OPS_COVERED == {"conv2d_bn_relu", "batch_norm_train", "layer_norm"}
+    assert OPS_COVERED == {"conv2d_bn_relu", "batch_norm_train", "layer_norm",
+                           "conv2d_bn_act_nchwc"}
 
 
 @pytest.mark.parametrize("target_name", sorted(arm_emulation.ARM_TARGETS))

@@ -20,7 +20,7 @@ depthwise convolutions), which the per-target schedules in ``topi_bn.schedules``
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import tvm
 from tvm import te
@@ -82,27 +82,7 @@ def conv2d_bn_relu(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
     geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
                                              layout, kernel_layout, activation, out_dtype)
     eps = check_eps(eps, accum_dtype(dtype))
-    params = [("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var), ("bias", bias)]
-    _check_params(params, geo, dtype)
-    acc = accum_dtype(dtype)
-    rule = _rule(geo)
-
-    def f32(t, k):
-        return _cast(t[k], acc)
-
-    scale = te.compute(
-        (geo.out_channels,),
-        lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
-        / te.sqrt(f32(var, k) + tvm.tirx.const(eps, acc)),
-        name="bn_scale", attrs={"schedule_rule": rule})
-
-    def shift_fn(k):
-        centered = (f32(bias, k) - f32(mean, k)) if bias is not None else -f32(mean, k)
-        shift = centered * scale[k]
-        return shift + f32(beta, k) if beta is not None else shift
-
-    shift = te.compute((geo.out_channels,), shift_fn, name="bn_shift",
-                       attrs={"schedule_rule": rule})
+    scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, dtype, _rule(geo))
     return _conv_epilogue(data, weight, geo, scale, shift, act, out_dtype)
 
 
@@ -120,16 +100,26 @@ def conv2d_shift_act(data: te.Tensor, weight: te.Tensor, shift: te.Tensor, *, st
     check_te_tensors(data=data, weight=weight, shift=shift)
     geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
                                              layout, kernel_layout, activation, out_dtype)
-    _check_params([("shift", shift)], geo, dtype)
+    check_bn_params([("shift", shift)], geo, dtype)
     return _conv_epilogue(data, weight, geo, None, shift, act, out_dtype)
 
 
 def _check_conv(data, weight, padding, strides, dilation, groups, layout, kernel_layout,
                 activation, out_dtype):
+    return check_conv_args(data, weight, lambda: conv_geometry(
+        data, weight, strides, padding, dilation, groups, layout, kernel_layout), activation,
+        out_dtype)
+
+
+def check_conv_args(data, weight, geometry: Callable[[], ConvGeometry], activation,
+                    out_dtype) -> tuple[ConvGeometry, str, str, str]:
+    """The checks every conv compute makes: float data and weight of one dtype, the geometry
+    (``geometry()``: :func:`~topi_bn.checks.conv_geometry` or its blocked twin), the activation
+    and the output dtype. Returns ``(geometry, dtype, activation, out_dtype)``."""
     check_float("data", data)
     check_float("weight", weight)
     dtype = check_same_dtype([("data", data), ("weight", weight)])
-    geo = conv_geometry(data, weight, strides, padding, dilation, groups, layout, kernel_layout)
+    geo = geometry()
     act = check_choice("activation", activation, ACTIVATIONS)
     out_dtype = dtype if out_dtype is None else out_dtype
     if not isinstance(out_dtype, str):
@@ -139,7 +129,39 @@ def _check_conv(data, weight, padding, strides, dilation, groups, layout, kernel
     return geo, dtype, act, out_dtype
 
 
-def _check_params(params, geo: ConvGeometry, dtype: str) -> None:
+def bn_epilogue_params(gamma, beta, mean, var, bias, eps: float, geo: ConvGeometry,
+                       dtype: str, rule: str) -> tuple[te.Tensor, te.Tensor]:
+    """The per-output-channel BN scale and shift (blocks ``bn_scale`` and ``bn_shift``, tagged
+    ``rule``) in the accumulation dtype, after checking the parameters:
+    ``s = gamma / sqrt(var + eps)``, ``t = beta + (bias - mean) * s``."""
+    if mean is None or var is None:
+        raise ValueError("mean, var: the moving statistics are required for inference batch-norm")
+    params = [("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var), ("bias", bias)]
+    check_bn_params(params, geo, dtype)
+    acc = accum_dtype(dtype)
+
+    def f32(t, k):
+        return _cast(t[k], acc)
+
+    scale = te.compute(
+        (geo.out_channels,),
+        lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
+        / te.sqrt(f32(var, k) + tvm.tirx.const(eps, acc)),
+        name="bn_scale", attrs={"schedule_rule": rule})
+
+    def shift_fn(k):
+        centered = (f32(bias, k) - f32(mean, k)) if bias is not None else -f32(mean, k)
+        shift = centered * scale[k]
+        return shift + f32(beta, k) if beta is not None else shift
+
+    shift = te.compute((geo.out_channels,), shift_fn, name="bn_shift",
+                       attrs={"schedule_rule": rule})
+    return scale, shift
+
+
+def check_bn_params(params, geo: ConvGeometry, dtype: str) -> None:
+    """Per-channel parameters ``[(name, tensor or None)]``: 1-D (K,), one dtype, ``dtype`` or
+    float32."""
     for name, t in params:
         check_channel_vector(name, t, geo.out_channels, "weight")
     check_param_dtypes(params, dtype)

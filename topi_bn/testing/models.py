@@ -5,7 +5,7 @@ can run small versions (``width=0.25``, 32x32 inputs) of the 224x224 benchmark n
 """
 from __future__ import annotations
 
-__all__ = ["resnet18", "mobilenet_v2", "MODELS", "randomize_bn"]
+__all__ = ["resnet18", "resnet50", "mobilenet_v2", "MODELS", "randomize_bn"]
 
 
 def _torch():
@@ -82,6 +82,57 @@ def resnet18(num_classes: int = 10, width: float = 1.0, seed: int = 0):
     return randomize_bn(ResNet18(), seed)
 
 
+def resnet50(num_classes: int = 10, width: float = 1.0, seed: int = 0):
+    """ResNet-50 (He et al., 2016; torchvision's v1.5, stride on the 3x3): conv7x7/2 -> maxpool
+    -> 4 stages of 3, 4, 6, 3 Bottlenecks (conv1x1-BN-ReLU, conv3x3-BN-ReLU, conv1x1-BN (4x the
+    width) + shortcut, 1x1 conv-BN on the first block of a stage) -> pool -> fc; 53 conv -> BN
+    pairs, the ``resnet50`` group of :mod:`topi_bn.workloads` at 224x224."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, mid, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(mid)
+            self.conv2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(mid)
+            self.conv3 = nn.Conv2d(mid, cout, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = torch.relu(self.bn2(self.conv2(y)))
+            y = self.bn3(self.conv3(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNet50(nn.Module):
+        def __init__(self):
+            super().__init__()
+            stem = _ch(64, width)
+            self.stem = nn.Sequential(nn.Conv2d(3, stem, 7, 2, 3, bias=False),
+                                      nn.BatchNorm2d(stem), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+            layers, cin = [], stem
+            for i, (mid, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+                mid = _ch(mid, width)
+                for b in range(blocks):
+                    layers.append(Bottleneck(cin, mid, 4 * mid, 2 if i > 0 and b == 0 else 1))
+                    cin = 4 * mid
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(cin, num_classes)
+
+        def forward(self, x):
+            x = self.layers(self.stem(x))
+            return self.fc(torch.flatten(torch.mean(x, dim=(2, 3), keepdim=True), 1))
+
+    torch.manual_seed(seed)
+    return randomize_bn(ResNet50(), seed)
+
+
 def mobilenet_v2(num_classes: int = 10, width: float = 1.0, seed: int = 0):
     """MobileNetV2 (Sandler et al., 2018): inverted residuals (1x1 expand-BN-ReLU6, 3x3
     depthwise-BN-ReLU6, 1x1 project-BN, residual when shapes allow)."""
@@ -135,4 +186,4 @@ def mobilenet_v2(num_classes: int = 10, width: float = 1.0, seed: int = 0):
 
 
 #: name -> builder(num_classes=10, width=1.0, seed=0)
-MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
+MODELS = {"resnet18": resnet18, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2}

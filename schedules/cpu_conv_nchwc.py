@@ -1,0 +1,290 @@
+"""CPU schedule of the blocked-layout conv (:mod:`topi_bn.compute.conv2d_nchwc`), x86 and ARM.
+
+The NeoCPU / MLAS scheme: the output-channel block ``kb`` is the vector axis; a register tile of
+``oc_blocks x tile_h x tile_w`` output vectors accumulates over the whole reduction, in the
+order ``rco, ry, rx, rci`` (input-channel chunk, kernel row, kernel column, channel within the
+block, unrolled), then ``tile_h x tile_w`` (unrolled; one broadcast input value each) and
+``oc_blocks`` (unrolled; one weight vector each), ``kb`` (vectorized). The epilogue (BN scale
+and shift, residual, activation, cast) runs on the register tile before its only store. The
+outer loops ``(n, oc chunk, row chunk)`` (or ``(n, row chunk, oc chunk)`` when the weights fit
+in L2: consecutive tasks then share their input rows) are one parallel loop; each task computes
+``task_rows`` output rows of ``oc_blocks`` channel blocks, tile by tile along the row.
+
+- 1x1, 3x3, 7x7 stride 2 and grouped convs share this template; the knobs differ (a 1x1 conv
+  on a narrow map prefers two rows per tile, a wide one a long row).
+- Depthwise convs (``topi_bn.depthwise_conv2d_nchwc``) have no channel reduction: the tile is
+  ``tile_h x tile_w`` output vectors of one channel block, the kernel's ``KH x KW`` weight
+  vectors are reused across it, and the padded input rows a task needs are built inside the
+  task (they stay in L1) rather than in a separate pass over memory.
+- Padding of the other convs is a parallel pass of its own (its cost is small next to the
+  reduction over all input channels).
+
+:class:`NchwcConvConfig` holds the knobs; :meth:`NchwcConvConfig.default` derives them from the
+target (:class:`~topi_bn.schedules.cpu.CpuParams`: lanes, vector registers, cores) and the
+conv's shape. With ``tunable=True`` each knob is a ``sample_perfect_tile`` (channel blocks, rows)
+or ``sample_categorical`` (tile width, unroll) whose initial decision is the default, so the
+design space's own trace is the untuned schedule. The tile width need not divide OW: the last
+tile of a row is partial, and ``pragma_loop_partition_hint`` has TVM's LoopPartition peel it so
+the full tiles run without predicates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm.target import Target
+
+from .common import inline_consumers, op_blocks
+
+__all__ = ["NchwcConvConfig", "NchwcShape", "schedule_conv_nchwc"]
+
+
+@dataclass(frozen=True)
+class NchwcShape:
+    """What the knobs depend on, read from the conv's blocks.
+
+    Attributes
+    ----------
+    oc_chunks, out_h, out_w, out_block : int
+        The output's (K/kb, OH, OW, kb).
+    kernel : int
+        KH * KW.
+    reduction : int
+        Multiply-adds per output element (C/groups * KH * KW).
+    depthwise : bool
+    in_elems, weight_elems : int
+        Elements of the (padded) input and of the weight.
+    """
+
+    oc_chunks: int
+    out_h: int
+    out_w: int
+    out_block: int
+    kernel: int
+    reduction: int
+    depthwise: bool
+    in_elems: int = 0
+    weight_elems: int = 0
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+
+
+@dataclass(frozen=True)
+class NchwcConvConfig:
+    """Knobs of the blocked conv.
+
+    Attributes
+    ----------
+    oc_blocks : int
+        Output-channel blocks in a register tile (divides K/kb); each input value broadcast is
+        used by this many FMAs.
+    tile_h, tile_w : int
+        Output rows and columns in a register tile (divide OH and OW); each weight vector is used
+        by ``tile_h * tile_w`` FMAs.
+    task_rows : int
+        Output rows of one parallel task (a multiple of ``tile_h`` dividing OH).
+    unroll : int
+        ``pragma_auto_unroll_max_step`` of the task's loops (the kernel-row and -column loops
+        are unrolled by it when small enough).
+    rows_outer : bool
+        Order of the parallel tasks: row chunks outside channel chunks, so that the tasks a
+        thread runs one after the other share their input rows (the weights stay in L2), or
+        channel chunks outside, so that they share their weights (the input is re-read from the
+        cache once per channel chunk). Not tuned (a trace cannot choose a loop order).
+    """
+
+    oc_blocks: int
+    tile_h: int
+    tile_w: int
+    task_rows: int
+    unroll: int = 0
+    rows_outer: bool = False
+
+    @staticmethod
+    def max_oc_blocks(s: NchwcShape) -> int:
+        return 2 if s.depthwise else 4
+
+    @staticmethod
+    def max_positions(s: NchwcShape, p, oc_blocks: int) -> int:
+        """Most output positions a tile of ``oc_blocks`` blocks may hold within the vector
+        registers: ``oc_blocks * (positions + 1) + 1`` of them are live in the inner loop (the
+        accumulators, the current input channel's ``oc_blocks`` weight vectors, one broadcast
+        input; LLVM keeps the weights in registers rather than as FMA memory operands, and one
+        register too many spills an accumulator in the inner loop, which costs 30-50%). A
+        depthwise tile uses half of them: its ``KH x KW`` weight vectors are reused across the
+        tile and want registers too."""
+        if s.depthwise:
+            return max(1, p.vector_registers // 2 // oc_blocks)
+        return max(1, (p.vector_registers - 1) // oc_blocks - 1)
+
+    @classmethod
+    def default(cls, s: NchwcShape, p) -> "NchwcConvConfig":
+        if s.depthwise:
+            # no input reuse across channel blocks: one block, a long row of positions (a
+            # divisor of OW when one comes close), several rows per task
+            most = cls.max_positions(s, p, 1)
+            tw = max(d for d in _divisors(s.out_w, most))
+            if 2 * tw <= most and s.out_w > most:
+                tw = most
+            rows = 1
+            for r in _divisors(s.out_h, 8):
+                if s.oc_chunks * (s.out_h // r) >= 4 * p.cores:
+                    rows = r
+            return cls(oc_blocks=1, tile_h=1, tile_w=tw, task_rows=rows)
+        best = None
+        for kt in _divisors(s.oc_chunks, cls.max_oc_blocks(s)):
+            most = cls.max_positions(s, p, kt)
+            for th in _divisors(s.out_h, min(4, most)):
+                for tw in range(1, most // th + 1):
+                    key = (_tile_cost(kt, th, tw, s.out_w), -kt * th * tw, th)
+                    if best is None or key < best[0]:
+                        best = (key, kt, th, tw)
+        _, kt, th, tw = best
+        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
+                   rows_outer=cls.prefer_rows_outer(s, p, kt, th))
+
+    @staticmethod
+    def prefer_rows_outer(s: NchwcShape, p, oc_blocks: int, rows: int) -> bool:
+        """Rows outside when the weights fit in half the L2 (re-reading them per row chunk
+        costs little), else the order that re-reads fewer bytes: the input once per channel
+        chunk, or the weights once per row chunk."""
+        if s.depthwise:
+            return False
+        weight_bytes, in_bytes = 4 * s.weight_elems, 4 * s.in_elems
+        if weight_bytes <= p.l2_bytes // 2:
+            return True
+        return weight_bytes * (s.out_h // rows) < in_bytes * (s.oc_chunks // oc_blocks)
+
+
+def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
+    """Estimated cycles per FMA of a row of ``out_w`` outputs in tiles of ``kt x th x tw``
+    (the last tile partial), on a core with two FMA pipes of latency 4 and about 1.5 vector
+    loads per cycle: a tile's step over one input channel takes the longest of its FMAs, its
+    loads (``kt`` weight vectors, one broadcast per position) and one FMA latency (each
+    accumulator depends on its previous FMA)."""
+    def step(n):
+        return max(kt * n / 2.0, (kt + n) / 1.5, 4.0)
+    full, rest = divmod(out_w, tw)
+    cycles = full * step(th * tw) + (step(th * rest) if rest else 0.0)
+    return cycles / (kt * th * out_w / 2.0)
+
+
+def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates, default: int):
+    """``default`` untuned; else a ``sample_categorical`` over ``candidates`` whose initial
+    decision is ``default`` (the design space's trace is the untuned schedule)."""
+    cands = sorted(set(int(c) for c in candidates) | {int(default)})
+    if not tunable or len(cands) == 1:
+        return int(default)
+    return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands),
+                                  decision=cands.index(int(default)))
+
+
+def _tile(sch: tvm.s_tir.Schedule, tunable: bool, loop, factors: list, max_inner: int):
+    """Split factors of ``loop``: ``factors`` (``None`` first) untuned; else a
+    ``sample_perfect_tile`` into as many parts, innermost at most ``max_inner``, whose initial
+    decision is ``factors``."""
+    if not tunable:
+        return factors
+    extent = _extent(sch, loop)
+    inner = 1
+    for f in factors[1:]:
+        inner *= f
+    decision = [extent // inner] + [int(f) for f in factors[1:]]
+    return sch.sample_perfect_tile(loop, n=len(factors), max_innermost_factor=max(
+        max_inner, factors[-1]), decision=decision)
+
+
+def _extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:
+    _, ko, oh, ow, kb = (int(iv.dom.extent) for iv in sch.get(act).iter_vars)
+    red = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars if int(iv.iter_type) == 2]
+    if depthwise:
+        kernel = red[0] * red[1]
+        reduction = kernel
+    else:
+        kernel = red[1] * red[2]
+        reduction = red[0] * red[1] * red[2] * red[3]
+    sizes = {}
+    for region in sch.get(conv).reads:
+        shape = [int(d) for d in region.source.shape]
+        elems = 1
+        for d in shape:
+            elems *= d
+        sizes[len(shape)] = max(sizes.get(len(shape), 0), elems)
+    return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise, sizes.get(5, 0),
+                      sizes.get(6, 0))
+
+
+def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
+                        depthwise: bool, config: NchwcConvConfig | None = None) -> None:
+    """Schedule the blocked conv whose ``conv`` block is ``conv`` (see the module docstring).
+
+    ``config`` overrides the default knobs of an untuned schedule (for experiments)."""
+    from .cpu import cpu_params
+
+    p = cpu_params(target)
+    blocks = op_blocks(sch, conv)
+    act = blocks["bn_act"]
+    inline_consumers(sch, act)
+    s = _shape(sch, conv, act, depthwise)
+    cfg = config or NchwcConvConfig.default(s, p)
+    most = NchwcConvConfig.max_positions(s, p, 1)
+    unroll = _knob(sch, tunable, [0, 16, 64], cfg.unroll)
+
+    n, ko, oh, ow, kb = sch.get_loops(act)
+    ko_o, ko_i = sch.split(ko, _tile(sch, tunable, ko, [None, cfg.oc_blocks],
+                                     NchwcConvConfig.max_oc_blocks(s)))
+    mult = cfg.task_rows // cfg.tile_h
+    oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
+    # any tile width (not only divisors of OW): the last tile may be partial
+    tw = _knob(sch, tunable, range(1, most + 1), cfg.tile_w)
+    ow_o, ow_i = sch.split(ow, [None, tw])
+    outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
+    sch.reorder(n, *outer, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
+    # a last, partial tile (OW not a multiple of the tile): LoopPartition peels it off, the full
+    # tiles run without predicates
+    sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
+    task = sch.fuse(n, *outer)
+    sch.parallel(task)
+    for lp in (ko_i, oh_i, ow_i):
+        sch.unroll(lp)
+    sch.vectorize(kb)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
+
+    # the conv's tile under the epilogue's tile loop: accumulators live across the reduction
+    n_red = 2 if depthwise else 4
+    sch.compute_at(conv, ow_o, preserve_unit_loops=True)
+    loops = sch.get_loops(conv)
+    c_n, c_ko, c_oh, c_ow, c_kb = loops[-5 - n_red:-n_red]
+    reds = loops[-n_red:]
+    if depthwise:
+        sch.reorder(c_n, *reds, c_oh, c_ow, c_ko, c_kb)
+    else:
+        rco, ry, rx, rci = reds
+        sch.reorder(c_n, rco, ry, rx, rci, c_oh, c_ow, c_ko, c_kb)
+        sch.unroll(rci)
+    for lp in (c_oh, c_ow, c_ko):
+        sch.unroll(lp)
+    sch.vectorize(c_kb)
+    init = sch.decompose_reduction(conv, reds[0])
+    init_loops = sch.get_loops(init)[-4:]
+    for lp in init_loops[:-1]:
+        sch.unroll(lp)
+    sch.vectorize(init_loops[-1])
+
+    if "pad" in blocks:
+        pad = blocks["pad"]
+        if depthwise:
+            sch.compute_at(pad, task, preserve_unit_loops=True)
+            pl = sch.get_loops(pad)
+            sch.vectorize(pl[-1])
+        else:
+            pn, pc, py, px, pci = sch.get_loops(pad)
+            sch.parallel(sch.fuse(pn, pc, py))
+            sch.vectorize(pci)

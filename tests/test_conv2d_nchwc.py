@@ -1,0 +1,520 @@
+"""The blocked-layout conv (``conv2d_bn_act_nchwc``, ``conv2d_shift_act_nchwc``), its layouts
+and its float64 reference: conversions, block sizes, numerics of the unscheduled compute and of
+the default CPU schedule built for x86-avx2, and argument errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import topi_bn
+from topi_bn import layouts as L
+from topi_bn import reference as ref
+from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.testing import assert_close, run_te, to_dtype
+
+
+# -- layouts --------------------------------------------------------------------------------------
+def test_data_round_trip_and_element_positions(rng):
+    x = rng.standard_normal((2, 24, 5, 7))
+    xb = L.nchw_to_nchwc(x, 8)
+    assert xb.shape == (2, 3, 5, 7, 8)
+    assert xb[1, 2, 3, 4, 5] == x[1, 2 * 8 + 5, 3, 4]
+    np.testing.assert_array_equal(L.nchwc_to_nchw(xb), x)
+
+
+@pytest.mark.parametrize("k,cg,groups,cb,kb", [(16, 8, 1, 4, 8), (12, 3, 1, 3, 4),
+                                                (16, 4, 2, 4, 8), (32, 1, 16, 8, 8)])
+def test_weight_round_trip_and_element_positions(rng, k, cg, groups, cb, kb):
+    w = rng.standard_normal((k, cg, 3, 2))
+    wb = L.pack_weight(w, cb, kb, groups)
+    wcb = 1 if cg == 1 and groups > 1 else cb
+    assert wb.shape == (k // kb, cg // wcb, 3, 2, wcb, kb)
+    assert wb[1, cg // wcb - 1, 2, 1, wcb - 1, kb - 1] == w[2 * kb - 1, cg - 1, 2, 1]
+    np.testing.assert_array_equal(L.unpack_weight(wb), w)
+
+
+def test_te_conversions_match_numpy(rng):
+    x = rng.standard_normal((1, 16, 3, 4)).astype("float32")
+    w = rng.standard_normal((24, 16, 3, 3)).astype("float32")
+    tx = te.placeholder(x.shape, name="x")
+    tw = te.placeholder(w.shape, name="w")
+    xb, wb = L.nchw_to_nchwc(tx, 8), L.pack_weight(tw, 8, 4)
+    back_x, back_w = L.nchwc_to_nchw(xb), L.unpack_weight(wb)
+    got = run_te([tx, tw], [xb, wb, back_x, back_w], [x, w])
+    np.testing.assert_array_equal(got[0], L.nchw_to_nchwc(x, 8))
+    np.testing.assert_array_equal(got[1], L.pack_weight(w, 8, 4))
+    np.testing.assert_array_equal(got[2], x)
+    np.testing.assert_array_equal(got[3], w)
+
+
+def test_index_maps_match_the_conversions():
+    dmap, wmap = L.data_index_map(8), L.weight_index_map(4, 8)
+    assert dmap(0, 13, 2, 3) == (0, 1, 2, 3, 5)
+    assert wmap(13, 6, 1, 2) == (1, 1, 1, 2, 2, 5)
+
+
+@pytest.mark.parametrize("target,lanes", [("x86-avx2", 8), ("x86-avx512", 16), ("arm", 4)])
+def test_block_size_follows_the_target(target, lanes):
+    blocking = L.ChannelBlocking.for_target(target)
+    assert blocking.lanes == lanes
+    assert L.channel_block(64, target) == lanes
+    assert L.channel_block(3, target) == 3          # the stem's image: one block (NCHW3c)
+    assert blocking.block(2 * lanes + lanes // 2) == lanes // 2
+
+
+def test_block_size_of_awkward_channels():
+    avx512 = L.ChannelBlocking(16)
+    assert avx512.block(24) == 8      # MobileNetV2's 24 channels: half-width blocks
+    assert avx512.block(144) == 16
+    assert avx512.block(20) == 4
+    assert avx512.block(6) == 6       # fewer channels than lanes and no power of two >= 4
+    assert avx512.block(18) == 2      # more channels than lanes: the power of two, however small
+    assert L.ChannelBlocking.for_target("x86-avx2", factor=2).lanes == 16
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: L.nchw_to_nchwc(np.zeros((1, 12, 2, 2)), 8), r"cb: 8 does not divide the 12"),
+    (lambda: L.nchw_to_nchwc(np.zeros((12, 2, 2)), 4), r"x: expected a 4-D tensor in NCHW"),
+    (lambda: L.nchw_to_nchwc(np.zeros((1, 12, 2, 2)), 0), r"cb: expected an int >= 1"),
+    (lambda: L.nchwc_to_nchw(np.zeros((1, 12, 2, 2))), r"x: expected a 5-D tensor"),
+    (lambda: L.pack_weight(np.zeros((16, 6, 3, 3)), 4, 8), r"cb: 4 does not divide the 6"),
+    (lambda: L.pack_weight(np.zeros((16, 8, 3, 3)), 8, 16, groups=2),
+     r"kb: 16 does not divide the 8 output channels per group"),
+    (lambda: L.pack_weight(np.zeros((16, 8, 3, 3)), 8, 8, groups=3), r"groups: expected an int"),
+    (lambda: L.unpack_weight(np.zeros((2, 1, 3, 3, 8))), r"w: expected a 6-D tensor"),
+    (lambda: L.ChannelBlocking(8).block(0), r"channels: expected an int >= 1"),
+    (lambda: L.ChannelBlocking.for_target("x86-avx2", factor=3), r"factor: expected a power"),
+])
+def test_layout_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -- the compute against float64 --------------------------------------------------------------------
+def _problem(rng, n, c, h, w, k, kh, groups, cb, kb, dtype, bias=False, residual=None,
+             strides=1, padding=0, dilation=1):
+    """Blocked inputs (rounded to ``dtype``) of a conv; BN parameters in float32."""
+    fan_in = c // groups * kh * kh
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((k, c // groups, kh, kh)) / np.sqrt(fan_in)
+    arrays = {
+        "data": to_dtype(L.nchw_to_nchwc(x, cb), dtype),
+        "weight": to_dtype(L.pack_weight(wt, cb, kb, groups), dtype),
+        "gamma": to_dtype(rng.uniform(0.5, 1.5, k), "float32"),
+        "beta": to_dtype(rng.standard_normal(k), "float32"),
+        "mean": to_dtype(rng.standard_normal(k) * 0.5, "float32"),
+        "var": to_dtype(rng.uniform(0.5, 2.0, k), "float32"),
+    }
+    if bias:
+        arrays["bias"] = to_dtype(rng.standard_normal(k), "float32")
+    if residual:
+        out = ref.conv2d_bn_act_nchwc(arrays["data"], arrays["weight"], *list(arrays.values())[2:6],
+                                      strides=strides, padding=padding, dilation=dilation,
+                                      groups=groups).shape
+        arrays["residual"] = to_dtype(rng.standard_normal(out), dtype)
+    return arrays
+
+
+def _placeholders(arrays):
+    return {name: te.placeholder(a.shape, str(a.dtype), name=name) for name, a in arrays.items()}
+
+
+def _bn_call(module, args, kwargs):
+    """``module.conv2d_bn_act_nchwc`` with ``args`` (a dict in _problem's order)."""
+    pos = [args[n] for n in ("data", "weight", "gamma", "beta", "mean", "var")]
+    return module.conv2d_bn_act_nchwc(*pos, bias=args.get("bias"), residual=args.get("residual"),
+                                      **kwargs)
+
+
+CASES = [
+    # id, (n, c, h, w, k, kh), groups, (cb, kb), strides, padding, dilation, activation, bias, res
+    ("1x1", (1, 16, 6, 7, 16, 1), 1, (8, 8), 1, 0, 1, "none", False, True),
+    ("3x3", (1, 8, 9, 9, 16, 3), 1, (4, 8), 1, 1, 1, "relu", True, False),
+    ("3x3_s2", (2, 16, 10, 9, 32, 3), 1, (8, 16), 2, 1, 1, "relu6", False, True),
+    ("7x7_s2_stem", (1, 3, 14, 13, 8, 7), 1, (3, 8), 2, 3, 1, "relu", False, False),
+    ("grouped", (1, 16, 7, 7, 16, 3), 2, (4, 4), (1, 2), (0, 1, 1, 0), 1, "relu", True, True),
+    ("depthwise", (1, 16, 9, 8, 16, 3), 16, (8, 8), 2, 1, 1, "relu6", False, False),
+    ("depthwise_x2_dilated", (1, 8, 9, 9, 16, 3), 8, (4, 8), 1, 2, 2, "none", True, True),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+
+def _case(rng, case, dtype):
+    _, (n, c, h, w, k, kh), groups, (cb, kb), strides, padding, dilation, act, bias, res = case
+    kwargs = dict(strides=strides, padding=padding, dilation=dilation, groups=groups,
+                  activation=act)
+    arrays = _problem(rng, n, c, h, w, k, kh, groups, cb, kb, dtype, bias, res, strides, padding,
+                      dilation)
+    return arrays, kwargs
+
+
+def _check(got, arrays, kwargs, dtype):
+    expect = _bn_call(ref, arrays, dict(kwargs, eps=1e-3))
+    assert got.shape == expect.shape
+    assert_close(got, expect, dtype, scale=2.0)
+    if kwargs["activation"] == "relu6":
+        assert float(np.max(got.astype(np.float64))) <= 6.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_matches_reference_unscheduled(rng, case, dtype):
+    arrays, kwargs = _case(rng, case, dtype)
+    ph = _placeholders(arrays)
+    out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
+    assert out.dtype == dtype
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()))
+    _check(got, arrays, kwargs, dtype)
+
+
+def _need_avx2():
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_matches_reference_scheduled_float32(rng, case):
+    _need_avx2()
+    arrays, kwargs = _case(rng, case, "float32")
+    ph = _placeholders(arrays)
+    out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
+                    schedule=True)
+    _check(got, arrays, kwargs, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", [CASES[2], CASES[5]], ids=[CASE_IDS[2], CASE_IDS[5]])
+def test_matches_reference_scheduled_16bit(rng, case, dtype):
+    _need_avx2()
+    arrays, kwargs = _case(rng, case, dtype)
+    ph = _placeholders(arrays)
+    out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
+                    schedule=True)
+    _check(got, arrays, kwargs, dtype)
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_shift_variant_equals_bn_with_scaled_weights(rng, scheduled):
+    """conv2d_shift_act_nchwc(x, pack(w * s), t, r) == conv2d_bn_act_nchwc(x, pack(w), ..., r)."""
+    if scheduled:
+        _need_avx2()
+    n, c, h, w, k, groups, cb, kb = 1, 16, 8, 8, 24, 2, 4, 4
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((k, c // groups, 3, 3)) / 6
+    g, b, m, bias = (rng.standard_normal(k) for _ in range(4))
+    v = rng.uniform(0.5, 2.0, k)
+    s = g / np.sqrt(v + 1e-5)
+    t = b + (bias - m) * s
+    residual = rng.standard_normal((n, k // kb, h, w, kb))
+    xb = L.nchw_to_nchwc(x, cb).astype("float32")
+    wf = L.pack_weight(wt * s[:, None, None, None], cb, kb, groups).astype("float32")
+    arrays = {"data": xb, "weight": wf, "shift": t.astype("float32"),
+              "residual": residual.astype("float32")}
+    ph = _placeholders(arrays)
+    out = topi_bn.conv2d_shift_act_nchwc(*ph.values(), padding=1, groups=groups)
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()),
+                    target="x86-avx2" if scheduled else "llvm", schedule=scheduled)
+    expect = ref.conv2d_bn_act_nchwc(xb, L.pack_weight(wt, cb, kb, groups), g, b, m, v, bias,
+                                     residual, padding=1, groups=groups)
+    assert_close(got, expect, "float32", scale=2.0)
+    assert_close(got, ref.conv2d_shift_act_nchwc(*arrays.values(), padding=1, groups=groups),
+                 "float32", scale=2.0)
+
+
+def test_reference_is_the_nchw_reference_blocked(rng):
+    x = rng.standard_normal((1, 8, 6, 6))
+    w = rng.standard_normal((16, 8, 3, 3))
+    g, b, m = (rng.standard_normal(16) for _ in range(3))
+    v = rng.uniform(0.5, 2.0, 16)
+    r = rng.standard_normal((1, 16, 6, 6))
+    got = ref.conv2d_bn_act_nchwc(L.nchw_to_nchwc(x, 4), L.pack_weight(w, 4, 8), g, b, m, v,
+                                  residual=L.nchw_to_nchwc(r, 8), padding=1, activation="relu6")
+    expect = np.clip(ref.conv2d_bn_relu(x, w, g, b, m, v, padding=1, activation="none") + r, 0, 6)
+    np.testing.assert_allclose(L.nchwc_to_nchw(got), expect, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+def test_nan_propagates(rng, activation):
+    """A NaN input gives NaN outputs where its window reaches (scheduled kernel)."""
+    _need_avx2()
+    arrays = _problem(rng, 1, 8, 8, 8, 8, 3, 1, 8, 8, "float32")
+    arrays["data"][0, 0, 2, 3, 1] = np.nan
+    ph = _placeholders(arrays)
+    out = topi_bn.conv2d_bn_act_nchwc(*ph.values(), padding=1, activation=activation)
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
+                    schedule=True)
+    expect = ref.conv2d_bn_act_nchwc(*arrays.values(), padding=1, activation=activation)
+    assert np.isnan(expect).sum() == 8 * 9
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
+
+
+def test_blocks_are_tagged_for_the_schedules():
+    x = te.placeholder((1, 2, 8, 8, 8), name="x")
+    cvec = [te.placeholder((16,), name=n) for n in "gbmv"]
+    conv = topi_bn.conv2d_bn_act_nchwc(x, te.placeholder((2, 2, 3, 3, 8, 8), name="w"), *cvec,
+                                       padding=1)
+    dw = topi_bn.conv2d_bn_act_nchwc(x, te.placeholder((2, 1, 3, 3, 1, 8), name="w"), *cvec,
+                                     padding=1, groups=16)
+    assert conv.op.attrs["schedule_rule"] == "topi_bn.conv2d_nchwc"
+    assert dw.op.attrs["schedule_rule"] == "topi_bn.depthwise_conv2d_nchwc"
+    assert conv.op.name == "bn_act" and conv.op.input_tensors[0].op.name == "conv"
+    assert [iv.var.name for iv in conv.op.input_tensors[0].op.reduce_axis] == \
+        ["rco", "ry", "rx", "rci"]
+
+
+# -- argument errors --------------------------------------------------------------------------------
+def _ph(shape, dtype="float32", name="t"):
+    return te.placeholder(shape, dtype, name=name)
+
+
+def _args(c=16, k=16, cb=8, kb=8, groups=1, dtype="float32"):
+    data = _ph((1, c // cb, 8, 8, cb), dtype, "data")
+    if groups == c:
+        weight = _ph((k // kb, 1, 3, 3, 1, kb), dtype, "w")
+    else:
+        weight = _ph((k // kb, c // groups // cb, 3, 3, cb, kb), dtype, "w")
+    return [data, weight] + [_ph((k,), "float32", n) for n in ("g", "b", "m", "v")]
+
+
+ERRORS = [
+    (lambda: topi_bn.conv2d_bn_act_nchwc(_ph((1, 16, 8, 8)), *_args()[1:]), ValueError,
+     r"data: expected a 5-D tensor in NCHW\[x\]c"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(_args()[0], _ph((16, 16, 3, 3)), *_args()[2:]),
+     ValueError, r"weight: expected a 6-D tensor"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(_args()[0], *_args(cb=4)[1:]), ValueError,
+     r"weight: its input-channel block \(dim 4\) must equal data's channel block 8, got 4"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args()[:1], _ph((2, 1, 3, 3, 8, 8)), *_args()[2:],
+                                         groups=4),
+     ValueError, r"weight: expected 4 input channels per group"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(c=16, k=16, cb=4, kb=16, groups=2), groups=2),
+     ValueError, r"weight: its output-channel block 16 \(dim 5\) must divide the 8 output"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(c=16, k=16, groups=16)[:1],
+                                         _ph((2, 1, 3, 3, 8, 8)), *_args()[2:], groups=16),
+     ValueError, r"weight: a depthwise conv \(groups == C == 16\) takes a weight of shape"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args()[:2], _ph((8,)), *_args()[3:]), ValueError,
+     r"gamma: expected shape \(16,\)"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), residual=_ph((1, 2, 8, 8, 4))), ValueError,
+     r"residual: expected the output's shape \(1, 2, 6, 6, 8\)"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), residual=_ph((1, 2, 6, 6, 8), "int32")),
+     TypeError, r"residual: expected a floating-point tensor"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), residual=_ph((1, 2, 6, 6, 8), "float16")),
+     TypeError, r"residual: expected dtype float32"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), activation="gelu"), ValueError,
+     r"activation: expected one of"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), eps=0), ValueError, r"eps: expected"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(dtype="float16")[:2], *_args()[2:4],
+                                         _ph((16,), "float64"), _args()[5]), TypeError,
+     r"mixed dtypes"),
+    (lambda: topi_bn.conv2d_bn_act_nchwc(*_args(), padding=-1), ValueError, r"padding: expected"),
+    (lambda: topi_bn.conv2d_shift_act_nchwc(*_args()[:2], None), ValueError,
+     r"shift: expected a 1-D tensor"),
+    (lambda: topi_bn.conv2d_shift_act_nchwc(*_args()[:2], _ph((8,))), ValueError,
+     r"shift: expected shape \(16,\)"),
+    (lambda: ref.conv2d_bn_act_nchwc(np.zeros((1, 2, 8, 8, 8)), np.zeros((2, 2, 3, 3, 8, 8)),
+                                     *[np.ones(16)] * 4, residual=np.zeros((1, 2, 8, 8, 8))),
+     ValueError, r"residual: expected the output's shape"),
+    (lambda: ref.conv2d_shift_act_nchwc(np.zeros((1, 2, 8, 8, 8)), np.zeros((2, 2, 3, 3, 4, 8)),
+                                        np.ones(16)), ValueError, r"weight: its input-channel"),
+]
+
+
+@pytest.mark.parametrize("call,exc,match", ERRORS)
+def test_argument_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# -- the default CPU schedule's structure -------------------------------------------------------------
+def _blocked_func(lanes, depthwise=False, k=32, c=32, hw=10):
+    cb = kb = lanes
+    data = _ph((1, c // cb, hw, hw, cb), name="data")
+    if depthwise:
+        weight = _ph((c // kb, 1, 3, 3, 1, kb), name="w")
+        k = c
+    else:
+        weight = _ph((k // kb, c // cb, 3, 3, cb, kb), name="w")
+    params = [_ph((k,), name=n) for n in "gbmv"]
+    out = topi_bn.conv2d_bn_act_nchwc(data, weight, *params, padding=1,
+                                      groups=c if depthwise else 1)
+    return te.create_prim_func([data, weight, *params, out])
+
+
+def _children(stmt):
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        return [stmt.block]
+    if isinstance(stmt, tvm.s_tir.SBlock):
+        return [stmt.body] + ([stmt.init] if stmt.init is not None else [])
+    return [stmt.body] if hasattr(stmt, "body") else []
+
+
+def _walk(stmt):
+    yield stmt
+    for child in _children(stmt):
+        yield from _walk(child)
+
+
+def _loops(func):
+    """(For, names of the blocks under it) of every loop of ``func``."""
+    return [(node, [b.name_hint for b in _walk(node.body) if isinstance(b, tvm.s_tir.SBlock)])
+            for node in _walk(func.body) if isinstance(node, tvm.tirx.For)]
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
+@pytest.mark.parametrize("target_name,lanes", [("x86-avx2", 8), ("x86-avx512", 16), ("arm", 4)])
+def test_default_schedule_vectorizes_the_channel_block(target_name, lanes, depthwise):
+    """The output-channel block is the vector axis, one register wide (the target's lanes);
+    the conv and its epilogue share one parallel loop (the epilogue runs on the register tile);
+    and the module compiles for the target (run only where this CPU can)."""
+    from topi_bn.schedules import apply_default_schedules
+
+    target = resolve_target(target_name)
+    mod = apply_default_schedules(tvm.IRModule({"main": _blocked_func(lanes, depthwise)}), target)
+    loops = _loops(mod["main"])
+    vec = {int(lp.extent) for lp, names in loops
+           if lp.kind == tvm.tirx.ForKind.VECTORIZED and {"conv_update", "bn_act"} & set(names)}
+    assert vec == {lanes}, vec
+    par = [names for lp, names in loops if lp.kind == tvm.tirx.ForKind.PARALLEL
+           and "conv_update" in names]
+    assert len(par) == 1 and "bn_act" in par[0], par
+    unrolled = [lp for lp, names in loops if lp.kind == tvm.tirx.ForKind.UNROLLED
+                and names == ["conv_update"]]
+    assert unrolled, "the register tile is not unrolled"
+    tvm.compile(mod, target=target)
+
+
+def test_blocked_kernel_refuses_cuda():
+    from topi_bn.schedules import apply_default_schedules
+
+    with pytest.raises(ValueError, match="blocked channel layout.*CPU schedules only"):
+        apply_default_schedules(tvm.IRModule({"main": _blocked_func(8)}), "cuda")
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
+def test_template_starts_at_the_default_schedule(depthwise):
+    """The tunable template samples its knobs (MetaSchedule can mutate them), and its initial
+    decisions are the defaults: the design space's own trace is the untuned schedule."""
+    from topi_bn.schedules import common
+
+    target = resolve_target("x86-avx2")
+    mod = tvm.IRModule({"main": _blocked_func(8, depthwise, hw=14)})
+    tuned = tvm.s_tir.Schedule(mod)
+    assert common.schedule_function(tuned, target, tunable=True)
+    kinds = {inst.kind.name for inst in tuned.trace.insts}
+    assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
+    untuned = tvm.s_tir.Schedule(mod)
+    common.schedule_function(untuned, target, tunable=False)
+    tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+    # another decision gives another schedule that still replays
+    unroll = next(i for i in tuned.trace.insts if i.kind.name == "SampleCategorical")
+    now = int(tuned.trace.decisions[unroll])
+    other = tuned.trace.with_decision(unroll, (now + 1) % len(unroll.attrs[0]), True)
+    replay = tvm.s_tir.Schedule(mod)
+    other.apply_to_schedule(replay, remove_postproc=True)
+    with pytest.raises(ValueError):
+        tvm.ir.assert_structural_equal(replay.mod, untuned.mod)
+
+
+def test_a_tuning_record_of_a_blocked_workload_applies_in_build(tmp_path):
+    """A record of the template (as ``topi-bn tune`` writes it: the trace of the tunable
+    schedule with its decisions, keyed by the PrimFunc a build sees) is what ``topi_bn.build``
+    compiles for the workload, and the kernel it gives is right. (A real search takes minutes;
+    the decisions here are the template's with one knob changed.)"""
+    _need_avx2()
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn import workloads
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.schedules import common
+    from topi_bn.testing import run_prim_func
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import merge_records
+
+    name = "smoke.conv3x3_8_16_10_s1_relu_res.nchw8c"
+    target = resolve_target("x86-avx2")
+    func = workload_prim_func(name, target=target)
+    mod = build_visible_mod(func)
+    sch = tvm.s_tir.Schedule(mod)
+    common.schedule_function(sch, target, tunable=True)
+    tile_w = [i for i in sch.trace.insts if i.kind.name == "SampleCategorical"][1]
+    trace = sch.trace.with_decision(tile_w, 1, True)  # tile width 2: not the default
+    record = ms.database.TuningRecord(trace, ms.database.Workload(mod), [1e-5], target,
+                                      ms.arg_info.ArgInfo.from_prim_func(func))
+    log = str(tmp_path / "log")
+    merge_records(log, mod, [record])
+    scheduled, had_record = schedule_prim_func(func, target, tuning_logs=log)
+    assert had_record
+    expect_mod = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(expect_mod, remove_postproc=True)
+    tvm.ir.assert_structural_equal(scheduled["main"].body, expect_mod.mod["main"].body)
+    w = workloads.get(name)
+    inputs = w.random_inputs()
+    expect = w.reference(*inputs)[0]
+    lib = topi_bn.build(func, target, tuning_logs=log)
+    (got,) = run_prim_func(lib, inputs, [(expect.shape, "float32")])
+    assert_close(got, expect, "float32", scale=2.0)
+
+
+# -- registry and tuning selection --------------------------------------------------------------------
+def test_blocked_workloads_follow_their_nchw_layers():
+    from topi_bn import workloads
+
+    for block in workloads.BLOCK_SIZES:
+        for net in ("resnet50", "mobilenetv2"):
+            blocked = workloads.list_workloads(f"{net}-nchw{block}c")
+            folded = workloads.list_workloads(f"{net}-nchw{block}c-folded")
+            assert len(folded) == len(blocked)
+            bases = {w.base for w in blocked}
+            assert bases == {w.name for w in workloads.list_workloads(net)}
+            for w in blocked:
+                base = workloads.get(w.base)
+                assert w.op == "conv2d_bn_act_nchwc" and w.block == block
+                assert w.flops == base.flops
+                assert w.shapes["data"][-1] in (block, block // 2, 3)
+                assert w.shapes["weight"][-1] == w.shapes["data"][-1] or \
+                    w.shapes["weight"][-1] in (block, block // 2)
+    r50 = {w.name for w in workloads.list_workloads("resnet50-nchw8c")}
+    # the first bottleneck's expansion (relu after the residual add) and its downsample
+    assert {"resnet50.conv1x1_64_256_56_s1_relu_res.nchw8c",
+            "resnet50.conv1x1_64_256_56_s1_none.nchw8c"} <= r50
+    mb = workloads.get("mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c")
+    assert mb.shapes["residual"] == (1, 3, 56, 56, 8)  # 24 channels on AVX-512: blocks of 8
+    assert "mobilenetv2.dw3x3_144_144_56_s1_relu6.nchw8c.folded" in \
+        {w.name for w in workloads.list_workloads("mobilenetv2-nchw8c-folded")}
+    assert not any(w.block for w in workloads.list_workloads("all"))
+
+
+@pytest.mark.parametrize("name", ["smoke.conv3x3_8_16_10_s1_relu_res.nchw4c",
+                                  "smoke.dw3x3_16_16_10_s2_relu6.nchw8c"])
+def test_blocked_workload_reference_and_compute(name):
+    from topi_bn import workloads
+
+    w = workloads.get(name)
+    inputs = w.random_inputs()
+    args = w.te_args()
+    (got,) = run_te(args, w.compute(*args), inputs)
+    base = workloads.get(w.base)
+    assert_close(got, w.reference(*inputs)[0], "float32", scale=2.0)
+    assert got.shape == (1, base.shapes["weight"][0] // w.shapes["weight"][-1],
+                         *w.geometry().out_shape[2:4], w.shapes["weight"][-1])
+
+
+@pytest.mark.parametrize("target,group", [("x86-avx2", "resnet50-nchw8c"),
+                                          ("x86-avx512", "resnet50-nchw16c"),
+                                          ("arm", "resnet50-nchw4c")])
+def test_tuning_a_network_group_brings_the_blocked_kernels_of_the_target(target, group):
+    from topi_bn import workloads
+    from topi_bn.tuning import select_workloads
+
+    names = [w.name for w in select_workloads("resnet50", target)]
+    nchw = [w.name for w in workloads.list_workloads("resnet50")]
+    assert names == nchw + [w.name for w in workloads.list_workloads(group)]
+    assert [w.name for w in select_workloads("resnet50", "cuda")] == nchw
+    assert [w.name for w in select_workloads("resnet50")] == nchw
+    assert [w.name for w in select_workloads("smoke", target)] == \
+        [w.name for w in workloads.list_workloads("smoke")]

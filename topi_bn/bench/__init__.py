@@ -1,0 +1,91 @@
+"""Benchmarks of topi-bn against TVM's own lowering, PyTorch and ONNX Runtime
+(``topi-bn bench``, ``python -m topi_bn.bench``, and the pytest-benchmark suites in
+``benchmarks/``).
+
+Modules, each importing only those above it (no import circle):
+
+================  ===========================================================================
+``threads``       thread count, passive waiting and no thread pinning for TVM, PyTorch and ORT
+``timing``        :class:`Timing`, :func:`time_callable`, the CPU copy-bandwidth ceiling
+``runner``        :class:`BenchConfig`, :class:`Case` -> :class:`Result`: the one
+                  build / check / time / rate loop (:func:`run_cases`) and the speedups
+``peers``         PyTorch and ONNX Runtime helpers; a missing peer is ``n/a: <reason>``
+``families``      each op in Relax (TVM's own ops), PyTorch and ONNX
+``ops``           op-level implementations (:data:`IMPLEMENTATIONS`) on registry workloads
+``networks``      whole networks through both import paths, per ``bn`` mode, kernel counts
+``gpu``           ``--target cuda``: CUDA kernels vs PyTorch eager and ``torch.compile``, GB/s
+                  and % of a device-copy ceiling measured in the same run
+``report``        machine info, pytest-benchmark JSON, Markdown tables, ``results.md``
+``plots``         ``speedups.png`` (per workload) and ``summary.png`` (at a glance)
+``cli``           the ``topi-bn bench`` options, their one-line errors, and the run
+================  ===========================================================================
+
+Ops, networks and the GPU benchmark all turn their work into :class:`Case` objects and run
+them through :func:`run_cases`; the report reads the :class:`Result` list whatever produced it.
+
+Threads: TVM pins its workers and the calling thread to single cores, and ``import tvm``
+imports PyTorch, whose threads would then share one core (20-100x slower). The benchmark sets
+``TVM_BIND_THREADS=0`` and passive waiting before TVM's pool starts and re-executes the
+command line when PyTorch's OpenMP was loaded first (:mod:`topi_bn.bench.threads`).
+
+Adding an implementation
+------------------------
+An implementation is one small class appended to a list; the loop, the tables (a column per
+implementation), the JSON and the plots pick it up. For instance the blocked-layout (NCHWc)
+conv kernel of issue 11, timed per layer beside the NCHW kernel on blocked inputs (as inside
+a network), with the conversion a lone layer would pay reported separately::
+
+    class TopiBnBlocked(OpImpl):
+        name, kind, ops = "topi-bn blocked", "topi-bn", ("conv2d_bn_relu",)
+
+        def prepare(self, wl, ctx):
+            # build the NCHWc kernel for ctx.target; pack ctx.arrays once, here, untimed
+            # (topi_bn.layouts: nchw_to_nchwc, pack_weight); allocate the blocked output
+            run = lambda: kernel(x_blocked, w_packed, gamma, beta, mean, var, y_blocked)
+            output = lambda: nchwc_to_nchw(y_blocked.numpy())   # checked in NCHW
+            convert = lambda: (to_blocked(x_nchw, x_blocked), to_nchw(y_blocked, y_nchw))
+            return Prepared(run, output, side_costs={"layout conversion": convert})
+
+    IMPLEMENTATIONS = (TopiBnTuned(), TopiBnBlocked(), ...)          # in topi_bn.bench.ops
+
+``side_costs`` are timed after the main call and shown in the per-layer table as a column
+``topi-bn blocked: layout conversion ms`` beside ``topi-bn blocked ms`` (and in the JSON under
+``extra_info.side_costs_s``). ``ops`` limits the rows to the ops it implements; a prepare that
+cannot run here raises :class:`Unavailable` (an ``n/a`` cell). Whole-network and GPU
+implementations are the same pattern (:class:`~topi_bn.bench.networks.NetworkImpl`,
+:class:`~topi_bn.bench.gpu.GpuImpl`); a GPU implementation also sets ``Prepared.timer`` to
+time on the device.
+"""
+from .cli import add_bench_arguments, add_bench_parser, check_bench_args, main, run_bench
+from .families import OP_FAMILIES, OpFamily
+from .gpu import GPU_DTYPES, GPU_IMPLEMENTATIONS, GPU_WORKLOADS, GpuImpl, bench_gpu
+from .networks import (
+    NETWORK_IMPLS, Network, NetworkImpl, bench_networks, default_networks, tiny_network,
+)
+from .ops import (
+    DEFAULT_GROUPS, IMPLEMENTATIONS, QUICK_WORKLOADS, OpContext, OpImpl, bench_workloads,
+    check_output, kernel_prim_func, prepare, relax_module, select_workloads,
+)
+from .report import (
+    format_networks, format_summary, format_table, geomean_speedups, machine_info,
+    results_markdown, to_json,
+)
+from .runner import (
+    BenchConfig, Case, Prepared, Result, Unavailable, compute_speedups, resolve_bench_target,
+    run_cases,
+)
+from .threads import set_threads
+from .timing import Timing, bandwidth_ceiling, time_callable
+
+__all__ = [
+    "BenchConfig", "Case", "Prepared", "Result", "Unavailable", "run_cases",
+    "compute_speedups", "resolve_bench_target", "Timing", "time_callable",
+    "bandwidth_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl", "OpContext",
+    "IMPLEMENTATIONS", "QUICK_WORKLOADS", "DEFAULT_GROUPS", "prepare", "check_output",
+    "select_workloads", "bench_workloads", "kernel_prim_func", "relax_module", "Network",
+    "NetworkImpl", "NETWORK_IMPLS", "default_networks", "tiny_network", "bench_networks",
+    "GpuImpl", "GPU_IMPLEMENTATIONS", "GPU_WORKLOADS", "GPU_DTYPES", "bench_gpu",
+    "machine_info", "to_json", "format_table", "format_summary", "format_networks",
+    "geomean_speedups", "results_markdown", "add_bench_parser", "add_bench_arguments",
+    "check_bench_args", "run_bench", "main",
+]

@@ -1,0 +1,438 @@
+"""Whole-network benchmarks: PyTorch models imported into TVM both ways and built per ``bn``
+mode of :func:`topi_bn.build`, against PyTorch eager and ONNX Runtime on the same input.
+
+==============================  =========================================================
+implementation                  what runs
+==============================  =========================================================
+``topi-bn <mode> (<path>)``     the model imported through ``<path>``, then
+                                ``topi_bn.build(mod, target, bn=<mode>,
+                                tuning_logs="shipped")``
+``topi-bn unpacked (...)``      TVM's own decomposition and lowering: the baseline
+``torch``                       the model in eval mode under ``no_grad``
+``onnxruntime``                 the ONNX export below, ``ORT_ENABLE_ALL``
+==============================  =========================================================
+
+Import paths (:data:`IMPORT_PATHS`):
+
+- ``torch.export``: ``torch.export.export`` -> :func:`topi_bn.from_exported_program`
+  (parameters as constants);
+- ``ONNX``: ``torch.onnx.export(dynamo=False, opset_version=17, do_constant_folding=False)``
+  (the BatchNormalization nodes kept as written) -> :func:`topi_bn.from_onnx`. ONNX Runtime
+  runs the same bytes.
+
+Modes: ``fused`` and ``folded`` through both paths; ``opaque`` and ``unpacked`` through
+``torch.export`` only (they are references, and ``unpacked`` is slow: TVM 0.27 has no CPU conv
+schedule). A network can name implementations to time once (:attr:`Network.time_once`):
+unpacked ResNet-50 takes seconds per call.
+
+Each build row shows its kernels (:func:`kernel_counts`): how many of the imported graph's
+batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded into conv weights, or left as
+separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
+compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import peers
+from .ops import tvm_vm
+from .runner import (
+    BenchConfig, Case, Prepared, Result, Unavailable, progress, resolve_bench_target,
+    run_cases,
+)
+from .threads import set_threads
+
+__all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "NetworkImpl",
+           "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
+           "prepare_network", "kernel_counts", "check_network_output", "network_cases",
+           "bench_networks"]
+
+
+@dataclass(frozen=True)
+class Network:
+    """A PyTorch model to benchmark.
+
+    Attributes
+    ----------
+    name : str
+    make : callable
+        ``make()`` returns the ``torch.nn.Module`` (eval mode is set by the bench).
+    input_shape : tuple of int
+        Its one input (NCHW).
+    time_once : frozenset of str
+        Implementations timed with one call instead of the run's rounds (too slow to repeat).
+    """
+
+    name: str
+    make: Callable[[], Any]
+    input_shape: tuple[int, ...] = (1, 3, 224, 224)
+    time_once: frozenset = frozenset()
+
+
+def default_networks() -> list[Network]:
+    """ResNet-18, ResNet-50 and MobileNetV2 of :mod:`topi_bn.testing.models`: 224x224,
+    batch 1, 1000 classes."""
+    try:
+        from ..testing import models
+    except ImportError as err:
+        raise Unavailable(f"topi_bn.testing.models cannot be imported ({err})") from None
+    slow = frozenset({"topi-bn unpacked (torch.export)"})
+    return [Network("resnet18", functools.partial(models.resnet18, num_classes=1000)),
+            Network("resnet50", functools.partial(models.resnet50, num_classes=1000),
+                    time_once=slow),
+            Network("mobilenetv2", functools.partial(models.mobilenet_v2, num_classes=1000))]
+
+
+def _tiny_model():
+    import torch
+    from torch import nn
+
+    def cbr(cin, cout, k, stride=1, groups=1, act=nn.ReLU):
+        return [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                nn.BatchNorm2d(cout), act()]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*cbr(3, 8, 3, 2), *cbr(8, 8, 3, 1, groups=8, act=nn.ReLU6),
+                          *cbr(8, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 10))
+    from ..testing.models import randomize_bn
+
+    return randomize_bn(model)  # non-trivial BN statistics, so folding and fusing are tested
+
+
+def tiny_network() -> Network:
+    """A 3-block conv/depthwise/pointwise + BN model at 32x32: the smoke network of CI."""
+    return Network("tiny", _tiny_model, (1, 3, 32, 32))
+
+
+# -- what every implementation of one network shares -------------------------------------------
+@dataclass
+class NetContext:
+    """One network's model, input and lazily made imports, shared by its implementations."""
+
+    target: Any
+    threads: int
+    model: Any
+    x: np.ndarray
+    tuning_logs: str = "shipped"
+    spin_wait: bool = False
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def onnx_bytes(self) -> bytes:
+        """The model as ONNX (:func:`topi_bn.bench.peers.export_onnx`), made once."""
+        return self.cached("onnx", lambda: peers.export_onnx(self.model, self.x))
+
+    def reference(self) -> np.ndarray:
+        """PyTorch eager's output, computed once."""
+        def make():
+            torch = peers.require_torch()
+            with torch.no_grad():
+                return self.model(torch.from_numpy(self.x)).numpy()
+        return self.cached("reference", make)
+
+
+def _import_export(ctx: NetContext):
+    torch = peers.require_torch()
+    from ..relax import from_exported_program
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(ctx.model, (torch.from_numpy(ctx.x),))
+        return from_exported_program(ep, keep_buffer_updates=False)
+
+
+def _import_onnx(ctx: NetContext):
+    import onnx
+
+    from ..relax import from_onnx
+
+    return from_onnx(onnx.load_from_string(ctx.onnx_bytes()))
+
+
+#: import path -> ``import(ctx) -> Relax IRModule``
+IMPORT_PATHS: dict[str, Callable[[NetContext], Any]] = {
+    "torch.export": _import_export,
+    "ONNX": _import_onnx,
+}
+
+
+# -- kernel counts ---------------------------------------------------------------------------
+def _call_counts(mod) -> dict[str, int]:
+    """Call sites in the Relax functions of ``mod``: Relax ops by name (``relax.nn.conv2d``)
+    and ``call_tir`` by callee with its numeric suffix dropped (``tir:topi_bn_conv2d_bn_relu``)."""
+    import tvm
+    from tvm import relax
+
+    counts: dict[str, int] = {}
+
+    @relax.expr_functor.visitor
+    class _Visitor(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.op, tvm.ir.Op):
+                name = call.op.name
+                if name == "relax.call_tir" and isinstance(call.args[0], tvm.ir.GlobalVar):
+                    name = "tir:" + re.sub(r"_?\d+$", "", call.args[0].name_hint)
+                counts[name] = counts.get(name, 0) + 1
+            super().visit_call_(call)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _Visitor().visit_expr(func)
+    return counts
+
+
+def kernel_counts(imported, moded, mode: str) -> dict[str, int]:
+    """What ``bn=mode`` made of the batch-norms and convs of a module.
+
+    Parameters
+    ----------
+    imported : tvm.IRModule
+        The module as imported.
+    moded : tvm.IRModule
+        ``topi_bn.apply_bn_mode(imported, mode)``.
+    mode : str
+
+    Returns
+    -------
+    dict
+        ``bn`` (batch-norms in the imported graph), ``fused`` (``conv2d_bn_relu`` kernels),
+        ``folded`` (batch-norms folded into conv weights: gone without a fused kernel; 0
+        outside ``folded``), ``bn_separate`` (batch-norms left as ops or kernels of their own),
+        ``conv_kernels`` (convs on topi-bn conv kernels), ``conv_tvm`` (convs left to TVM).
+    """
+    before, after = _call_counts(imported), _call_counts(moded)
+
+    def total(counts, word):
+        return sum(v for k, v in counts.items() if word in k)
+
+    bn = before.get("relax.nn.batch_norm", 0)
+    fused = total(after, "conv2d_bn_relu")
+    separate = after.get("relax.nn.batch_norm", 0) + total(after, "tir:topi_bn_batch_norm")
+    return {"bn": bn, "fused": fused,
+            "folded": max(0, bn - fused - separate) if mode == "folded" else 0,
+            "bn_separate": separate,
+            "conv_kernels": fused + total(after, "conv2d_shift_act"),
+            "conv_tvm": after.get("relax.nn.conv2d", 0)}
+
+
+class _RecordLog(logging.Handler):
+    """Collects the ``topi_bn`` logger's messages of one build."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _tuning_summary(messages: Sequence[str]) -> dict:
+    """``untuned``: distinct topi-bn kernels that found no tuning record (``topi_bn.build``
+    logs each at INFO), and ``tuning_note`` when the target has no shipped log at all."""
+    missing = {m.split(" (")[0] for m in messages if m.startswith("no tuning record for")}
+    out: dict[str, Any] = {"untuned": len(missing)}
+    note = next((m for m in messages if m.startswith("no shipped tuning logs")), "")
+    if note:
+        out["tuning_note"] = note.split(" (")[0]
+    return out
+
+
+def format_counts(info: dict) -> str:
+    """The table cell of :func:`kernel_counts` + :func:`_tuning_summary`."""
+    if "bn" not in info:
+        return ""
+    bn = info["bn"]
+    if info.get("mode") == "unpacked":
+        parts = [f"BN {bn}: unpacked by TVM"]
+    else:
+        parts = [f"BN {bn}: fused {info['fused']}, folded {info['folded']}, "
+                 f"separate {info['bn_separate']}",
+                 f"convs on topi-bn kernels {info['conv_kernels']}"
+                 + (f", on TVM {info['conv_tvm']}" if info["conv_tvm"] else "")]
+        if "untuned" in info:
+            why = " (no shipped log for this ISA)" if info.get("tuning_note") else ""
+            parts.append(f"kernels without a tuning record {info['untuned']}{why}")
+    return "; ".join(parts)
+
+
+# -- implementations -------------------------------------------------------------------------
+class NetworkImpl:
+    """One way to run a whole network. Subclasses set :attr:`name`, :attr:`kind` and write
+    :meth:`prepare`."""
+
+    name: str = ""
+    kind: str = "topi-bn"
+
+    def prepare(self, ctx: NetContext) -> Prepared:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class TopiBnBuild(NetworkImpl):
+    """The network imported through ``path`` and built with ``topi_bn.build(bn=mode)``."""
+
+    def __init__(self, mode: str, path: str):
+        self.mode, self.path = mode, path
+        self.name = f"topi-bn {mode} ({path})"
+        self.kind = "baseline" if mode == "unpacked" else "topi-bn"
+
+    def prepare(self, ctx):
+        from ..build import build
+        from ..relax import apply_bn_mode
+
+        t0 = time.perf_counter()
+        mod = ctx.cached(f"import:{self.path}", lambda: IMPORT_PATHS[self.path](ctx))
+        import_s = time.perf_counter() - t0
+        info = {"mode": self.mode, "path": self.path,
+                **kernel_counts(mod, apply_bn_mode(mod, self.mode), self.mode)}
+        log, logger = _RecordLog(), logging.getLogger("topi_bn")
+        level = logger.level
+        logger.addHandler(log)
+        logger.setLevel(logging.INFO)
+        try:
+            t0 = time.perf_counter()
+            ex = build(mod, ctx.target, bn=self.mode, tuning_logs=ctx.tuning_logs)
+            build_s = time.perf_counter() - t0
+        finally:
+            logger.removeHandler(log)
+            logger.setLevel(level)
+        if self.mode != "unpacked":
+            info.update(_tuning_summary(log.messages))
+        info["import_s"] = import_s
+        return Prepared(*tvm_vm(ex, [ctx.x]), build_s=build_s, info=info,
+                        note=format_counts(info))
+
+
+class TorchEager(NetworkImpl):
+    name, kind = "torch", "peer"
+
+    def prepare(self, ctx):
+        torch = peers.require_torch()
+        torch.set_num_threads(ctx.threads)
+        x = torch.from_numpy(ctx.x)
+
+        def run():
+            with torch.no_grad():
+                return ctx.model(x)
+        return peers.torch_prepared(run)
+
+
+class OnnxRuntime(NetworkImpl):
+    name, kind = "onnxruntime", "peer"
+
+    def prepare(self, ctx):
+        peers.require_ort()
+        return peers.ort_prepared(ctx.onnx_bytes(), {"x": ctx.x}, "y", ctx.threads,
+                                  ctx.spin_wait)
+
+
+#: The whole-network implementations, in table order.
+NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
+    TopiBnBuild("fused", "torch.export"), TopiBnBuild("fused", "ONNX"),
+    TopiBnBuild("folded", "torch.export"), TopiBnBuild("folded", "ONNX"),
+    TopiBnBuild("opaque", "torch.export"), TopiBnBuild("unpacked", "torch.export"),
+    TorchEager(), OnnxRuntime(),
+)
+
+
+def network_impl_names(impls: Sequence[NetworkImpl] = NETWORK_IMPLS) -> list[str]:
+    return [i.name for i in impls]
+
+
+def _make_context(net: Network, target, threads: int, tuning_logs: str = "shipped",
+                  spin_wait: bool = False, model=None, x=None) -> NetContext:
+    torch = peers.require_torch()
+    if model is None:
+        torch.manual_seed(0)
+        model = net.make().eval()
+    if x is None:
+        x = np.random.default_rng(0).standard_normal(net.input_shape).astype("float32")
+    return NetContext(target, threads, model, x, tuning_logs, spin_wait)
+
+
+def prepare_network(impl: str, net: Network, target, threads: int, model=None,
+                    x: np.ndarray | None = None, tuning_logs: str = "shipped") -> Prepared:
+    """Build ``impl`` (a name of :data:`NETWORK_IMPLS`) for ``net`` (the suites' entry)."""
+    by_name = {i.name: i for i in NETWORK_IMPLS}
+    if impl not in by_name:
+        raise ValueError(f"impl: expected one of {list(by_name)}, got {impl!r}")
+    ctx = _make_context(net, target, threads, tuning_logs, model=model, x=x)
+    t0 = time.perf_counter()
+    p = by_name[impl].prepare(ctx)
+    p.build_s = p.build_s or time.perf_counter() - t0
+    return p
+
+
+def check_network_output(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-3) -> str:
+    """``"ok"`` when ``max|out - ref| <= rtol * max|ref|``, else the relative error."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if out.shape != ref.shape:
+        return f"shape {out.shape} != {ref.shape}"
+    scale = max(float(np.abs(ref).max()), 1e-12)
+    err = float(np.abs(out - ref).max()) / scale if np.all(np.isfinite(out)) else float("inf")
+    return "ok" if err <= rtol else f"mismatch (max rel err {err:.3g})"
+
+
+def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads: int,
+                  impls: Sequence[NetworkImpl] = NETWORK_IMPLS,
+                  rounds: int | None = None) -> Iterator[Case]:
+    """The cases of every (network, implementation), network by network (a generator: one
+    network's model and imports are freed before the next is made)."""
+    rounds = rounds or max(1, min(cfg.rounds, 5))
+    for k, net in enumerate(networks, 1):
+        label = f"[net {k}/{len(networks)}] {net.name}"
+        try:
+            ctx = _make_context(net, target, threads, cfg.tuning_logs, cfg.spin_wait)
+        except Exception as err:  # noqa: BLE001 - reported in every row of this network
+            for impl in impls:
+                r = Result(net.name, "network", impl.name, impl.kind, unit="img/s")
+                yield Case(r, functools.partial(_raise, err), label=label)
+            continue
+        for impl in impls:
+            once = impl.name in net.time_once
+            yield Case(Result(net.name, "network", impl.name, impl.kind, unit="img/s"),
+                       functools.partial(impl.prepare, ctx), reference=ctx.reference,
+                       check=check_network_output,
+                       rate=lambda s, b=net.input_shape[0]: b / s, label=label,
+                       rounds=1 if once else rounds, warmup=0 if once else None,
+                       min_round_ms=0.0)
+
+
+def _raise(err):
+    raise err
+
+
+def bench_networks(cfg: BenchConfig, networks: Sequence[Network] | None = None,
+                   impls: Sequence[str] | None = None, rounds: int | None = None,
+                   report: Callable[[str], None] = progress) -> list[Result]:
+    """Build, check and time every network x implementation (names of
+    :data:`NETWORK_IMPLS`; default all); failures become ``Result.error``."""
+    threads = set_threads(cfg.threads, cfg.spin_wait)
+    target = resolve_bench_target(cfg.target, threads)
+    if networks is None:
+        try:
+            networks = default_networks()
+        except Unavailable as err:
+            report(f"whole networks skipped: {err}")
+            return [Result("networks", "network", "—", "—", error=f"n/a: {err}")]
+    chosen = list(NETWORK_IMPLS)
+    if impls is not None:
+        unknown = [n for n in impls if n not in network_impl_names()]
+        if unknown:
+            raise ValueError(f"impls: unknown {unknown}; expected names from "
+                             f"{network_impl_names()}")
+        chosen = [i for i in NETWORK_IMPLS if i.name in impls]
+    return run_cases(network_cases(networks, cfg, target, threads, chosen, rounds), cfg,
+                     report)

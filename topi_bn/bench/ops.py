@@ -1,0 +1,390 @@
+"""Op-level benchmarks: every registry workload (:mod:`topi_bn.workloads`) through every
+implementation of :data:`IMPLEMENTATIONS`, same inputs, checked against float64.
+
+=====================  ==============================================================
+implementation         what runs
+=====================  ==============================================================
+``topi-bn tuned``      ``topi_bn.build(prim_func, target, tuning_logs="shipped")``:
+                       the topi-bn kernel with the shipped tuning records where the log
+                       has one for the workload, else the default schedule
+``topi-bn untuned``    :func:`topi_bn.schedules.apply_default_schedules` + ``tvm.compile``
+``TVM unpacked``       the Relax op graph (conv2d -> batch_norm -> act; batch_norm;
+                       layer_norm) lowered by TVM alone: ``DecomposeOpsForInference``
+                       (training BN: ``DecomposeOpsForTraining``) + the default pipeline,
+                       with topi-bn's Relax registration switched off
+``torch``              PyTorch eager (``torch.nn.functional``) under ``no_grad``
+``onnxruntime``        a one-op ONNX graph (weights and BN parameters as initializers, so
+                       ORT folds BN into the conv) with ``ORT_ENABLE_ALL``
+=====================  ==============================================================
+
+Rates: GFLOP/s for convolutions (:attr:`Workload.flops`), GB/s for batch-norm and layer_norm
+(:meth:`Workload.bytes_moved`, compulsory traffic), the latter also as a percentage of the
+memory-bandwidth ceiling measured in the same run.
+
+The ``TVM unpacked`` conv2d is TVM's own lowering for an LLVM target, which has no conv
+schedule in 0.27 (no TOPI x86 strategies any more); the conv speedups over it are therefore
+mostly the schedule, and the batch-norm and layer_norm ones the kernel itself.
+
+An implementation is a small :class:`OpImpl` subclass (name, kind, the ops it serves, and
+``prepare``); see the package docstring for how to add one.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import workloads as W
+from . import peers
+from .families import OP_FAMILIES
+from .runner import (
+    BenchConfig, Case, Prepared, Result, Unavailable, progress, resolve_bench_target,
+    run_cases,
+)
+from .threads import set_threads
+
+__all__ = ["QUICK_WORKLOADS", "DEFAULT_GROUPS", "OpContext", "OpImpl", "IMPLEMENTATIONS",
+           "impl_names", "prepare", "check_output", "select_workloads", "op_cases",
+           "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm"]
+
+# A few workloads of every kind, for ``--quick``: the ResNet stem, a 3x3 and a 1x1 conv, a
+# MobileNetV2 depthwise and pointwise conv, both BN layouts, a small and a large layer_norm.
+QUICK_WORKLOADS = (
+    "resnet50.conv7x7_3_64_224_s2_relu",
+    "resnet50.conv3x3_64_64_56_s1_relu",
+    "resnet50.conv1x1_256_64_56_s1_relu",
+    "mobilenetv2.dw3x3_96_96_112_s2_relu6",
+    "mobilenetv2.conv1x1_96_24_56_s1_none",
+    "bn_train.nchw_32x64x56x56",
+    "bn_train.nhwc_32x64x56x56",
+    "layer_norm.128x768",
+    "layer_norm.4096x1024",
+)
+
+#: the groups of a full CPU run
+DEFAULT_GROUPS = ("resnet50", "mobilenetv2", "bn_train", "layer_norm")
+
+
+@dataclass
+class OpContext:
+    """What an implementation is built with: the resolved target, the thread count, the
+    workload's input arrays (registry order, float32), the tuning logs and ORT's waiting."""
+
+    target: Any
+    threads: int
+    arrays: list[np.ndarray]
+    tuning_logs: str = "shipped"
+    spin_wait: bool = False
+
+
+class OpImpl:
+    """One way to run a registry workload.
+
+    Subclasses set :attr:`name` (the table's column), :attr:`kind` (``"topi-bn"``,
+    ``"baseline"`` for TVM's own lowering, ``"peer"`` for another framework: speedups are
+    over baselines and peers), :attr:`ops` (the ops it serves; ``None``: all), and write
+    :meth:`prepare`.
+    """
+
+    name: str = ""
+    kind: str = "topi-bn"
+    ops: tuple[str, ...] | None = None
+
+    def applies(self, wl: W.Workload) -> bool:
+        """Whether this implementation has a row for ``wl`` at all (a conv-only kernel has
+        none for layer_norm); one that applies but cannot run here raises
+        :class:`Unavailable` from :meth:`prepare` instead."""
+        return self.ops is None or wl.op in self.ops
+
+    def prepare(self, wl: W.Workload, ctx: OpContext) -> Prepared:  # pragma: no cover
+        raise NotImplementedError
+
+
+# -- TVM-built implementations ----------------------------------------------------------------
+def _tvm_dps(lib, wl: W.Workload, arrays) -> tuple[Callable, Callable]:
+    """Run a compiled PrimFunc module (destination-passing ``main``)."""
+    import tvm
+
+    outs = wl.compute(*wl.te_args())
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
+    res = [tvm.runtime.empty(tuple(int(d) for d in o.shape), o.dtype, tvm.cpu()) for o in outs]
+    f = lib["main"]
+    return (lambda: f(*args, *res)), (lambda: res[0].numpy())
+
+
+def _is_relax_executable(ex) -> bool:
+    try:
+        ex["vm_load_executable"]
+        return True
+    except Exception:  # noqa: BLE001 - a PrimFunc-only module has no such function
+        return False
+
+
+def tvm_vm(ex, arrays, device=None) -> tuple[Callable, Callable]:
+    """``(run, output)`` of a Relax executable's ``main`` on ``arrays`` (first output)."""
+    import tvm
+    from tvm import relax
+
+    dev = device or tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in arrays]
+    f = vm["main"]
+    last = [None]
+
+    def run():
+        last[0] = f(*args)
+
+    def output():
+        out = last[0]
+        while not hasattr(out, "numpy"):
+            out = out[0]
+        return out.numpy()
+    return run, output
+
+
+def _tvm_runner(ex, wl, arrays):
+    return tvm_vm(ex, arrays) if _is_relax_executable(ex) else _tvm_dps(ex, wl, arrays)
+
+
+def kernel_prim_func(wl: W.Workload, target, dtype: str = "float32"):
+    """The workload's PrimFunc as a Relax build emits it, which is what tuning records are
+    keyed by (:func:`topi_bn.tuning.workload_prim_func`). Tuned and untuned builds start from
+    the same function."""
+    from ..tuning import workload_prim_func
+
+    return workload_prim_func(wl, dtype=dtype, target=target)
+
+
+def build_kernel(wl: W.Workload, target, tuning_logs="shipped", dtype: str = "float32"):
+    """``(lib, note)``: ``topi_bn.build`` of the workload's kernel with ``tuning_logs``, and
+    whether a tuning record (``"tuned record"``) or the default schedule made it."""
+    from ..build import build, schedule_prim_func
+
+    func = kernel_prim_func(wl, target, dtype)
+    lib = build(func, target, tuning_logs=tuning_logs)
+    _, had_record = schedule_prim_func(func, target, tuning_logs=tuning_logs)
+    return lib, "tuned record" if had_record else "no record: default schedule"
+
+
+class TopiBnTuned(OpImpl):
+    """``topi_bn.build`` of the kernel with the run's tuning logs (shipped by default)."""
+
+    name = "topi-bn tuned"
+
+    def prepare(self, wl, ctx):
+        lib, note = build_kernel(wl, ctx.target, ctx.tuning_logs)
+        return Prepared(*_tvm_runner(lib, wl, ctx.arrays), note=note)
+
+
+class TopiBnUntuned(OpImpl):
+    """The kernel with its default schedule (what a build without tuning logs runs)."""
+
+    name = "topi-bn untuned"
+
+    def prepare(self, wl, ctx):
+        import tvm
+        from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+        from ..schedules import apply_default_schedules
+
+        # the one-function module MetaSchedule (and topi_bn.build) makes of a PrimFunc
+        mod = _normalize_mod(kernel_prim_func(wl, ctx.target))
+        lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
+        return Prepared(*_tvm_runner(lib, wl, ctx.arrays))
+
+
+def relax_module(wl: W.Workload, dtype: str = "float32"):
+    """``wl`` as a Relax module of TVM's own ops (``main`` takes the arrays in registry
+    order)."""
+    from tvm import relax
+
+    fam = OP_FAMILIES[wl.op]
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, dtype)) for n, s in wl.shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(fam.relax_call(wl, params)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _tvm_lowering():
+    """TVM's own lowering of batch_norm/layer_norm, whatever topi-bn registered."""
+    try:
+        from ..relax import tvm_lowering
+    except ImportError:  # no Relax registration in this checkout: TVM's lowering is in effect
+        return contextlib.nullcontext()
+    return tvm_lowering()
+
+
+class TvmUnpacked(OpImpl):
+    """TVM alone: the batch-norm decomposed into elementwise ops, TVM's default pipeline."""
+
+    name = "TVM unpacked"
+    kind = "baseline"
+
+    def prepare(self, wl, ctx):
+        import tvm
+        from tvm import relax
+
+        mod = OP_FAMILIES[wl.op].decompose()(relax_module(wl))
+        with _tvm_lowering():
+            ex = tvm.compile(mod, target=ctx.target,
+                             relax_pipeline=relax.get_default_pipeline(ctx.target))
+        return Prepared(*tvm_vm(ex, ctx.arrays))
+
+
+# -- peers ----------------------------------------------------------------------------------
+class TorchEager(OpImpl):
+    """PyTorch eager on the CPU."""
+
+    name = "torch"
+    kind = "peer"
+
+    def prepare(self, wl, ctx):
+        torch = peers.require_torch()
+        torch.set_num_threads(ctx.threads)
+        t = [torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.arrays]
+        return peers.torch_prepared(OP_FAMILIES[wl.op].torch_fn(wl, t))
+
+
+class OnnxRuntime(OpImpl):
+    """ONNX Runtime (CPU) on a one-op graph."""
+
+    name = "onnxruntime"
+    kind = "peer"
+
+    def prepare(self, wl, ctx):
+        peers.require_ort()
+        fam = OP_FAMILIES[wl.op]
+        nodes, inputs, inits, output = fam.onnx_graph(wl, ctx.arrays)
+        model = peers.onnx_model(nodes, inputs, inits, output, fam.onnx_opset)
+        return peers.ort_prepared(model.SerializeToString(), inputs, output, ctx.threads,
+                                  ctx.spin_wait)
+
+
+#: The op-level implementations, in table order. Append an :class:`OpImpl` instance to add one.
+IMPLEMENTATIONS: tuple[OpImpl, ...] = (
+    TopiBnTuned(), TopiBnUntuned(), TvmUnpacked(), TorchEager(), OnnxRuntime(),
+)
+
+
+def impl_names(impls: Sequence[OpImpl] = IMPLEMENTATIONS) -> list[str]:
+    return [i.name for i in impls]
+
+
+def _impl(name: str, impls: Sequence[OpImpl] = IMPLEMENTATIONS) -> OpImpl:
+    for i in impls:
+        if i.name == name:
+            return i
+    raise ValueError(f"impl: expected one of {impl_names(impls)}, got {name!r}")
+
+
+def prepare(impl_name: str, wl: W.Workload, target, threads: int,
+            arrays: Sequence[np.ndarray] | None = None, tuning_logs: str = "shipped",
+            spin_wait: bool = False) -> Prepared:
+    """Build ``impl_name`` for ``wl`` (the benchmark suites' entry); raises
+    :class:`Unavailable` when it cannot run here."""
+    import time
+
+    from ..targets import resolve_target
+
+    impl = _impl(impl_name)
+    if not impl.applies(wl):
+        raise Unavailable(f"{impl_name} does not implement {wl.op}")
+    ctx = OpContext(resolve_target(target), threads,
+                    list(arrays) if arrays is not None else wl.random_inputs(), tuning_logs,
+                    spin_wait)
+    t0 = time.perf_counter()
+    p = impl.prepare(wl, ctx)
+    p.build_s = p.build_s or time.perf_counter() - t0
+    return p
+
+
+def check_output(wl: W.Workload, out: np.ndarray, ref: np.ndarray,
+                 dtype: str = "float32") -> str:
+    """``"ok"`` when ``out`` matches the float64 reference's first output, else the error.
+
+    The tolerance is ``dtype``'s (:data:`topi_bn.testing.TOLERANCES`), widened for a conv by
+    the square root of its reduction length.
+    """
+    from ..testing import TOLERANCES
+
+    atol, rtol = TOLERANCES[dtype]
+    if wl.op == "conv2d_bn_relu":
+        w = wl.shapes["weight"]
+        red = int(np.prod(w[1:])) if wl.params.get("layout", "NCHW") == "NCHW" \
+            else int(np.prod(w[:3]))
+        scale = max(1.0, math.sqrt(red) / 4)
+    else:
+        scale = 1.0
+    out = np.asarray(out, np.float64)
+    if out.shape != ref.shape:
+        return f"shape {out.shape} != {ref.shape}"
+    err = np.abs(out - ref)
+    bad = err > atol * scale + rtol * scale * np.abs(ref)
+    if not np.all(np.isfinite(out)) or bad.any():
+        return f"mismatch (max abs err {float(np.nanmax(err)):.3g})"
+    return "ok"
+
+
+def select_workloads(groups: Sequence[str] | None = None, quick: bool = False,
+                     names: Sequence[str] | None = None,
+                     default: Sequence[str] = DEFAULT_GROUPS) -> list[W.Workload]:
+    """The workloads of a run: ``names`` if given, else :data:`QUICK_WORKLOADS` for quick
+    runs, else every workload of ``groups`` (default: ``default``), each once."""
+    if names:
+        return [W.get(n) for n in names]
+    if quick:
+        return [W.get(n) for n in QUICK_WORKLOADS]
+    out, seen = [], set()
+    for g in groups or default:
+        for w in W.list_workloads(g):
+            if w.name not in seen:
+                seen.add(w.name)
+                out.append(w)
+    return out
+
+
+def op_cases(workloads: Sequence[W.Workload], cfg: BenchConfig, target, threads: int,
+             impls: Sequence[OpImpl] = IMPLEMENTATIONS) -> list[Case]:
+    """The :class:`Case` of every (workload, implementation) of the run, workload by
+    workload; the inputs and the float64 reference are made once per workload."""
+    cases = []
+    for k, wl in enumerate(workloads, 1):
+        fam = OP_FAMILIES[wl.op]
+        arrays = functools.cache(wl.random_inputs)
+        reference = functools.cache(lambda wl=wl, arrays=arrays: wl.reference(*arrays())[0])
+        for impl in impls:
+            if not impl.applies(wl):
+                continue
+
+            def make(impl=impl, wl=wl, arrays=arrays):
+                ctx = OpContext(target, threads, arrays(), cfg.tuning_logs, cfg.spin_wait)
+                return impl.prepare(wl, ctx)
+            cases.append(Case(
+                Result(wl.name, wl.op, impl.name, impl.kind, unit=fam.unit), make,
+                reference=reference, check=functools.partial(check_output, wl),
+                rate=functools.partial(fam.rate, wl), label=f"[{k}/{len(workloads)}] {wl.name}"))
+    return cases
+
+
+def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,
+                    report: Callable[[str], None] = progress,
+                    impls: Sequence[OpImpl] | None = None) -> list[Result]:
+    """Build, check and time every implementation of ``cfg.impls`` (default: all of
+    ``impls``, default :data:`IMPLEMENTATIONS`) on every workload."""
+    impls = IMPLEMENTATIONS if impls is None else tuple(impls)
+    if cfg.impls is not None:
+        unknown = [n for n in cfg.impls if n not in impl_names(impls)]
+        if unknown:
+            raise ValueError(f"impls: unknown {unknown}; expected names from "
+                             f"{impl_names(impls)}")
+        impls = [i for i in impls if i.name in cfg.impls]
+    threads = set_threads(cfg.threads, cfg.spin_wait)
+    target = resolve_bench_target(cfg.target, threads)
+    return run_cases(op_cases(workloads, cfg, target, threads, impls), cfg, report)

@@ -1,0 +1,355 @@
+"""What a benchmark run writes: the machine's description, pytest-benchmark JSON, Markdown
+tables and the text of ``results.md``. Plots are in :mod:`topi_bn.bench.plots`.
+
+Everything here reads :class:`~topi_bn.bench.runner.Result` lists only (op, network and GPU
+results alike); the implementations' order is the order in which they appear in the results.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import platform
+import subprocess
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from .runner import BenchConfig, Result, geomean
+from .threads import host_threads
+from .timing import Timing
+
+__all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
+           "geomean_speedups", "format_networks", "import_path_ratios", "results_markdown",
+           "entry_name"]
+
+
+# -- provenance ------------------------------------------------------------------------------
+def machine_info(threads: int | None = None, target: Any = "x86") -> dict:
+    """CPU model (``/proc/cpuinfo``), LLVM CPU, TVM version, threads, load, peers' versions
+    and, for a CUDA target, the GPU: what a table needs to say where it was measured."""
+    import tvm
+
+    from ..targets import resolve_target, target_family
+
+    model = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    t = resolve_target(target)
+    host = t.host if target_family(t) == "cuda" and t.host is not None else t
+    info = {"node": platform.node(), "processor": model, "cpu": {"brand_raw": model},
+            "llvm_mcpu": str(host.attrs.get("mcpu", "") or ""), "machine": platform.machine(),
+            "system": platform.system(), "release": platform.release(),
+            "python_implementation": platform.python_implementation(),
+            "python_version": platform.python_version(),
+            "python_compiler": platform.python_compiler(),
+            "tvm_version": tvm.__version__, "threads": threads or host_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+            "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", ""),
+            "tvm_bind_threads": os.environ.get("TVM_BIND_THREADS", ""),
+            "cores_available": host_threads()}
+    with contextlib.suppress(OSError):
+        info["loadavg_at_start"] = os.getloadavg()
+    for mod in ("torch", "onnxruntime"):
+        with contextlib.suppress(ImportError):
+            info[f"{mod}_version"] = __import__(mod).__version__
+    if target_family(t) == "cuda":
+        with contextlib.suppress(Exception):
+            dev = tvm.cuda(0)
+            info["gpu"] = {"name": str(dev.device_name), "compute_version": dev.compute_version,
+                           "arch": str(t.attrs.get("arch", ""))}
+    return info
+
+
+def _commit_info() -> dict:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        if out.returncode == 0:
+            return {"id": out.stdout.strip(), "dirty": bool(dirty), "project": "topi-bn"}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"project": "topi-bn"}
+
+
+# -- JSON ------------------------------------------------------------------------------------
+def entry_name(r: Result) -> str:
+    """``workload`` (``workload/dtype`` unless float32): the group of a JSON entry."""
+    return r.workload if r.dtype == "float32" else f"{r.workload}/{r.dtype}"
+
+
+def _pct(r: Result, bandwidth: dict | None) -> float | None:
+    if bandwidth and r.unit == "GB/s" and r.rate is not None:
+        return 100.0 * r.rate / bandwidth["ceiling_gbps"]
+    return None
+
+
+def to_json(results: Sequence[Result], cfg: BenchConfig, machine: dict,
+            bandwidth: dict | None = None) -> dict:
+    """The run in pytest-benchmark's JSON format (``pytest-benchmark compare`` reads it);
+    results without a timing are listed under ``topi_bn.skipped`` with their reason."""
+    entries = []
+    for r in results:
+        if r.timing is None:
+            continue
+        extra = {"op": r.op, "impl": r.impl, "kind": r.kind, "dtype": r.dtype, "unit": r.unit,
+                 "rate": r.rate, "check": r.check, "note": r.note, "build_s": r.build_s,
+                 **r.extra}
+        pct = _pct(r, bandwidth)
+        if pct is not None:
+            extra["pct_of_bandwidth"] = pct
+        group = entry_name(r)
+        name = f"{group}[{r.impl}]"
+        entries.append({"group": group, "name": name, "fullname": f"topi_bn.bench::{name}",
+                        "params": {"workload": r.workload, "impl": r.impl, "dtype": r.dtype},
+                        "param": r.impl, "extra_info": extra,
+                        "options": {"disable_gc": False, "timer": "perf_counter",
+                                    "min_rounds": cfg.rounds, "max_time": 0,
+                                    "min_time": cfg.min_round_ms / 1e3, "warmup": True},
+                        "stats": r.timing.stats()})
+    skipped = [{"workload": r.workload, "impl": r.impl, "dtype": r.dtype, "error": r.error}
+               for r in results if r.timing is None]
+    try:
+        from importlib.metadata import version
+
+        pb_version = version("pytest-benchmark")
+    except Exception:  # noqa: BLE001 - not installed with the bench extra alone
+        pb_version = "5.1.0"
+    return {"machine_info": machine, "commit_info": _commit_info(), "benchmarks": entries,
+            "datetime": _dt.datetime.now(_dt.timezone.utc).isoformat(), "version": pb_version,
+            "topi_bn": {"config": asdict(cfg), "bandwidth": bandwidth, "skipped": skipped}}
+
+
+# -- tables ----------------------------------------------------------------------------------
+def _ms(t: Timing | None, digits: int = 3) -> str:
+    return "—" if t is None else f"{t.median * 1e3:.{digits}f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def _impls(results: Sequence[Result], kinds: Sequence[str] | None = None) -> list[str]:
+    return list(dict.fromkeys(r.impl for r in results if kinds is None or r.kind in kinds))
+
+
+def _others(results: Sequence[Result]) -> list[str]:
+    """Baselines then peers: what speedups are over."""
+    return _impls(results, ("baseline",)) + _impls(results, ("peer",))
+
+
+def format_table(results: Sequence[Result], bandwidth: dict | None = None) -> str:
+    """A Markdown table: one row per (workload, implementation), failures with their reason.
+
+    Columns: median ms, min–max ms, rate (GFLOP/s, TFLOP/s or GB/s), % of the copy bandwidth
+    (BN and LN), speedup over TVM unpacked and over the fastest peer, check, note.
+    """
+    lines = ["| workload | implementation | median ms | min–max ms | rate | % copy BW "
+             "| vs unpacked | vs best peer | check | note |", "|" + "---|" * 10]
+    for r in results:
+        if r.timing is None:
+            lines.append(f"| {entry_name(r)} | {r.impl} | — | — | — | — | — | — | — "
+                         f"| {r.error} |")
+            continue
+        t = r.timing
+        pct = _pct(r, bandwidth)
+        lines.append(
+            f"| {entry_name(r)} | {r.impl} | {_ms(t)} | {t.min * 1e3:.3f}–{t.max * 1e3:.3f} "
+            f"| {r.rate:.1f} {r.unit} | {'' if pct is None else f'{pct:.0f}%'} "
+            f"| {_ratio(r.extra.get('speedup_vs_unpacked'))} "
+            f"| {_ratio(r.extra.get('speedup_vs_best_peer'))} | {r.check} | {r.note} |")
+    return "\n".join(lines)
+
+
+def primary_impl(results: Sequence[Result]) -> str:
+    """The topi-bn implementation the summary rates: ``topi-bn tuned`` when it ran, else
+    ``topi-bn untuned``, else the first topi-bn implementation that ran."""
+    ran = _impls([r for r in results if r.timing is not None], ("topi-bn",))
+    for name in ("topi-bn tuned", "topi-bn untuned"):
+        if name in ran:
+            return name
+    return ran[0] if ran else "topi-bn tuned"
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "—"
+    if r.timing is None:
+        return "n/a" if r.error.startswith("n/a") else "failed"
+    return _ms(r.timing)
+
+
+def format_summary(results: Sequence[Result], bandwidth: dict | None = None,
+                   impl: str | None = None) -> str:
+    """One row per workload (and dtype): every implementation's median ms side by side, the
+    side costs (a layout conversion...) beside the implementation that pays them, then
+    ``impl``'s (default :func:`primary_impl`) rate and its speedup over every baseline and
+    peer and over the best peer (the README table)."""
+    impl = impl or primary_impl(results)
+    names = _impls(results)
+    by = {(r.group, r.impl): r for r in results}
+    groups = list(dict.fromkeys(r.group for r in results))
+    side = list(dict.fromkeys((r.impl, s) for r in results
+                              for s in r.extra.get("side_costs_s", {})))
+    others = _others(results)
+    tuned = "topi-bn tuned" in names
+    head = ["workload"] + [f"{n} ms" for n in names] + [f"{n}: {s} ms" for n, s in side]
+    head += ["tuning record"] if tuned else []
+    head += [f"{impl} rate", "% copy BW"] + [f"vs {o}" for o in others] + ["vs best peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        first = next(r for r in results if r.group == g)
+        cells = [entry_name(first)] + [_cell(by.get((g, n))) for n in names]
+        for n, s in side:
+            r = by.get((g, n))
+            cost = None if r is None else r.extra.get("side_costs_s", {}).get(s)
+            cells.append("—" if cost is None else f"{cost * 1e3:.3f}")
+        if tuned:
+            r = by.get((g, "topi-bn tuned"))
+            cells.append("—" if r is None or r.timing is None
+                         else "yes" if r.note == "tuned record" else "no")
+        r = by.get((g, impl))
+        if r is None or r.timing is None:
+            cells += ["—"] * (3 + len(others))
+        else:
+            pct = _pct(r, bandwidth)
+            vs = r.extra.get("speedup_vs", {})
+            cells += [f"{r.rate:.1f} {r.unit}", "" if pct is None else f"{pct:.0f}%"]
+            cells += [_ratio(vs.get(o)) for o in others]
+            cells.append(_ratio(r.extra.get("speedup_vs_best_peer")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _op_label(r: Result, dtypes: set[str]) -> str:
+    return r.op if dtypes == {"float32"} else f"{r.op} {r.dtype}"
+
+
+def geomean_speedups(results: Sequence[Result], impl: str | None = None) -> dict:
+    """Geometric-mean speedups of ``impl`` (default :func:`primary_impl`) per op (per op and
+    dtype when several dtypes ran): ``{"n", "speedup_vs": {impl: x}, "speedup_vs_unpacked",
+    "speedup_vs_best_peer"}``."""
+    impl = impl or primary_impl(results)
+    dtypes = {r.dtype for r in results}
+    rows: dict[str, list[Result]] = {}
+    for r in results:
+        if r.impl == impl and r.timing is not None:
+            rows.setdefault(_op_label(r, dtypes), []).append(r)
+    out: dict[str, dict] = {}
+    for label, rs in rows.items():
+        d: dict[str, Any] = {"n": len(rs), "speedup_vs": {}}
+        for o in _others(results):
+            xs = [r.extra["speedup_vs"][o] for r in rs if o in r.extra.get("speedup_vs", {})]
+            if xs:
+                d["speedup_vs"][o] = geomean(xs)
+                d.setdefault("n_vs", {})[o] = len(xs)
+        for key in ("speedup_vs_unpacked", "speedup_vs_best_peer"):
+            xs = [r.extra[key] for r in rs if key in r.extra]
+            if xs:
+                d[key] = geomean(xs)
+        out[label] = d
+    return out
+
+
+def format_networks(results: Sequence[Result]) -> str:
+    """Markdown table: one row per (network, implementation), with the kernels each build
+    made (fused / folded / separate batch-norms, untuned kernels) in ``kernels``."""
+    peers = _impls(results, ("peer",))
+    head = (["network", "implementation", "median ms", "min–max ms", "img/s", "vs unpacked"]
+            + [f"vs {p}" for p in peers] + ["check", "build s", "kernels / note"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        if r.timing is None:
+            cells = [r.workload, r.impl] + ["—"] * (4 + len(peers)) + ["—", "—", r.error]
+        else:
+            t, vs = r.timing, r.extra.get("speedup_vs", {})
+            cells = [r.workload, r.impl, _ms(t, 2), f"{t.min * 1e3:.2f}–{t.max * 1e3:.2f}",
+                     f"{r.rate:.1f}", _ratio(r.extra.get("speedup_vs_unpacked"))]
+            cells += [_ratio(vs.get(p)) for p in peers]
+            once = " (timed once)" if t.number == 1 and len(t.data) == 1 else ""
+            cells += [r.check, f"{r.build_s:.1f}", r.note + once]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def import_path_ratios(results: Sequence[Result]) -> list[str]:
+    """Per network and mode: the ONNX build's time over the torch.export build's (the same
+    model imported either way should build to the same kernels and run alike)."""
+    by = {(r.workload, r.extra.get("mode"), r.extra.get("path")): r for r in results
+          if r.timing is not None and "path" in r.extra}
+    lines = []
+    for (net, mode, path), r in by.items():
+        other = by.get((net, mode, "torch.export"))
+        if path == "ONNX" and other is not None:
+            lines.append(f"- {net} {mode}: ONNX {r.timing.median * 1e3:.2f} ms, torch.export "
+                         f"{other.timing.median * 1e3:.2f} ms (ONNX / torch.export "
+                         f"{r.timing.median / other.timing.median:.2f}); kernels: ONNX "
+                         f"[{r.note}], torch.export [{other.note}]")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _provenance(machine: dict, cfg: BenchConfig, elapsed_s: float) -> str:
+    date = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    gpu = machine.get("gpu")
+    where = (f"{gpu['name']} ({gpu['arch']}), host {machine['processor']}" if gpu else
+             f"{machine['processor']} (LLVM mcpu `{machine['llvm_mcpu']}`)")
+    load = machine.get("loadavg_at_start")
+    return (f"Measured {date} on {where}, TVM {machine['tvm_version']}, {machine['threads']} "
+            f"threads (torch {machine.get('torch_version', 'absent')}, onnxruntime "
+            f"{machine.get('onnxruntime_version', 'absent')}); {_plural(cfg.rounds, 'round')} per "
+            f"implementation, median [min–max]; whole run {elapsed_s / 60:.1f} min."
+            + (f" Load average at start {load[0]:.1f} on {machine['cores_available']} cores."
+               if load else ""))
+
+
+def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict | None,
+                     cfg: BenchConfig, elapsed_s: float,
+                     networks: Sequence[Result] = ()) -> str:
+    """The text of ``results.md`` (and of the README's table): provenance, the copy ceiling,
+    geomean speedups per op, the per-workload summary table and the whole networks."""
+    lines = [_provenance(machine, cfg, elapsed_s), ""]
+    if bandwidth:
+        lines += [f"Memory-bandwidth ceiling: {bandwidth['ceiling_gbps']:.1f} GB/s "
+                  f"({bandwidth.get('how', 'copy, read + write')}).", ""]
+    impl = primary_impl(results)
+    ran = _impls([r for r in results if r.timing is not None], ("topi-bn",))
+    for name in ([impl] + [n for n in ran if n != impl]) if ran else []:  # primary first
+        lines += [f"Speedups of {name} (geometric mean per op):", ""]
+        for op, d in geomean_speedups(results, name).items():
+            parts = [f"{x:.2f}x over {o}" for o, x in d["speedup_vs"].items()]
+            if "speedup_vs_best_peer" in d:
+                parts.append(f"{d['speedup_vs_best_peer']:.2f}x over the best peer")
+            lines.append(f"- {op} ({_plural(d['n'], 'workload')}): " + ", ".join(parts))
+        lines.append("")
+    tuned = [r for r in results if r.impl == "topi-bn tuned" and r.timing is not None]
+    if tuned:
+        have = sum(r.note == "tuned record" for r in tuned)
+        lines += [f"topi-bn tuned: {have} of {len(tuned)} workloads had a tuning record in "
+                  f"the {cfg.tuning_logs!r} logs; the others ran the default schedule "
+                  f"(column 'tuning record')."]
+    if results:
+        lines += ["", format_summary(results, bandwidth, impl), "",
+                  "Rates: GFLOP/s (TFLOP/s on a GPU) for conv (Workload.flops), GB/s of "
+                  "compulsory traffic for BN and LN (Workload.bytes_moved); '% copy BW' over "
+                  "100% means the data stayed in cache. 'TVM unpacked' is TVM's own lowering "
+                  "(its conv2d has no CPU schedule in TVM 0.27); 'best peer' is the fastest "
+                  "other framework. 'n/a' and 'failed' cells: see the per-implementation "
+                  "table.", ""]
+    if networks:
+        lines += ["Whole networks (batch 1, float32): every build's kernels in the last "
+                  "column (BN: the graph's batch-norms fused into conv2d_bn_relu kernels, "
+                  "folded into conv weights, or separate).", "", format_networks(networks), ""]
+        ratios = import_path_ratios(networks)
+        if ratios:
+            lines += ["The same model through both import paths:", "", *ratios, ""]
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Wall-clock timing of a callable, and the CPU memory-bandwidth ceiling.
+
+:func:`time_callable`: every implementation is a zero-argument callable on preallocated inputs;
+after warm-up calls, each round runs it ``number`` times (``number`` chosen so a round lasts at
+least ``min_round_ms``) and records the mean; median, min and max are over the rounds. The same
+Python-level timer serves TVM and the CPU peers, so each pays its own call overhead. (GPU
+implementations time themselves on the device: :mod:`topi_bn.bench.gpu`.)
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["Timing", "time_callable", "bandwidth_ceiling"]
+
+
+@dataclass
+class Timing:
+    """Per-call seconds of each round (``data``), each the mean of ``number`` calls."""
+
+    data: list[float]
+    number: int
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.data)
+
+    @property
+    def min(self) -> float:
+        return min(self.data)
+
+    @property
+    def max(self) -> float:
+        return max(self.data)
+
+    def stats(self) -> dict:
+        """The ``stats`` dict of a pytest-benchmark JSON entry (seconds)."""
+        d = sorted(self.data)
+        n = len(d)
+        mean = statistics.fmean(d)
+        std = statistics.stdev(d) if n > 1 else 0.0
+        q1, q3 = (statistics.quantiles(d, n=4, method="inclusive")[::2] if n > 1
+                  else (d[0], d[0]))
+        iqr = q3 - q1
+        lo = min((x for x in d if x >= q1 - 1.5 * iqr), default=d[0])
+        hi = max((x for x in d if x <= q3 + 1.5 * iqr), default=d[-1])
+        iqr_out = sum(1 for x in d if x < q1 - 1.5 * iqr or x > q3 + 1.5 * iqr)
+        std_out = sum(1 for x in d if abs(x - mean) > std) if std else 0
+        return {"min": d[0], "max": d[-1], "mean": mean, "stddev": std, "rounds": n,
+                "median": self.median, "iqr": iqr, "q1": q1, "q3": q3,
+                "iqr_outliers": iqr_out, "stddev_outliers": std_out,
+                "outliers": f"{std_out};{iqr_out}", "ld15iqr": lo, "hd15iqr": hi,
+                "ops": 1.0 / mean if mean > 0 else 0.0, "total": sum(d) * self.number,
+                "iterations": self.number, "data": list(self.data)}
+
+
+def rounds_number(once_s: float, min_round_ms: float) -> int:
+    """The smallest power of two of calls of ``once_s`` seconds that last ``min_round_ms``."""
+    number = 1
+    while number * once_s * 1e3 < min_round_ms and number < 1 << 20:
+        number *= 2
+    return number
+
+
+def time_callable(fn: Callable[[], Any], rounds: int = 7, min_round_ms: float = 25.0,
+                  warmup: int = 2) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then ``rounds`` rounds of ``number`` calls.
+
+    ``number`` is the smallest power of two whose round lasts ``min_round_ms`` (estimated from
+    the last warm-up call: first calls pay one-time costs such as oneDNN's kernel selection),
+    so fast kernels are not timed at the clock's resolution. ``warmup=0`` (a call too slow to
+    repeat, already made once by the caller) times one call per round.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    if warmup < 0:
+        raise ValueError(f"warmup: expected >= 0, got {warmup}")
+    once, spent = 0.0, 0.0
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t0
+        spent += once
+        if spent > 1.0:  # a slow kernel: one-time costs are small next to its run time
+            break
+    number = rounds_number(once, min_round_ms) if warmup else 1
+    data = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        data.append((time.perf_counter() - t0) / number)
+    return Timing(data, number)
+
+
+def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None = None) -> dict:
+    """CPU copy bandwidth in GB/s (bytes read + bytes written per second) of a ``megabytes``
+    array.
+
+    Measured twice: ``numpy.copyto`` (one thread) and a parallel, vectorized TVM copy kernel
+    built for this CPU with ``threads`` cores. ``ceiling_gbps`` is the faster of the two, what
+    BN and layer_norm rates are compared with. Data that fits in the caches can beat it: over
+    100% of the ceiling means "cache-resident", not a wrong figure.
+    """
+    import tvm
+    from tvm import te
+
+    from ..targets import host_x86_target_dict
+
+    if megabytes < 1:
+        raise ValueError(f"megabytes: expected >= 1, got {megabytes}")
+    n = megabytes * (1 << 20) // 4
+    src = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    moved = 2 * src.nbytes
+    t_np = time_callable(lambda: np.copyto(dst, src), rounds=rounds, min_round_ms=0.0)
+
+    a = te.placeholder((n,), "float32", name="a")
+    b = te.compute((n,), lambda i: a[i], name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    blk = sch.get_sblock("b")
+    (i,) = sch.get_loops(blk)
+    outer, inner = sch.split(i, [None, 16 * 64])
+    sch.parallel(outer)
+    _, lane = sch.split(inner, [None, 16])
+    sch.vectorize(lane)
+    target = dict(host_x86_target_dict())
+    if threads:
+        target["num-cores"] = threads
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(target))
+    ta, tb = tvm.runtime.tensor(src), tvm.runtime.tensor(dst)
+    f = lib["main"]
+    t_tvm = time_callable(lambda: f(ta, tb), rounds=rounds, min_round_ms=0.0)
+    out = {"bytes": moved, "numpy_gbps": moved / t_np.median / 1e9,
+           "tvm_gbps": moved / t_tvm.median / 1e9}
+    out["ceiling_gbps"] = max(out["numpy_gbps"], out["tvm_gbps"])
+    out["how"] = (f"{megabytes} MB copy, read + write: NumPy {out['numpy_gbps']:.1f}, "
+                  f"TVM parallel copy {out['tvm_gbps']:.1f} GB/s")
+    return out
