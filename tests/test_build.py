@@ -225,20 +225,56 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
     assert_close([out.numpy()], workload.reference(*ins))
 
 
-@pytest.mark.parametrize("name", ["resnet50.conv3x3_64_64_56_s1_relu", "bn_train.nchw_8x256x28x28",
-                                  "layer_norm.128x768"])
-def test_shipped_x86_log_matches_the_computes(name):
-    """The shipped x86-avx512 records still match the computes (they stop matching when a
-    compute changes: then re-tune, see tuning_logs/x86-avx512/README.md)."""
+#: (shipped log, workload) pairs that must have a record that applies to today's computes.
+#: x86-avx512: conv records only (its BN / layer_norm records were dropped when those computes
+#: changed; see its README). x86-avx2: every op, NCHW and blocked.
+SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu"),
+           ("x86-avx512", "mobilenetv2.dw3x3_144_144_56_s2_relu6"),
+           ("x86-avx2", "resnet50.conv3x3_64_64_56_s1_relu"),
+           ("x86-avx2", "resnet50.conv1x1_256_64_56_s1_relu.nchw8c"),
+           ("x86-avx2", "bn_train.nchw_8x256x28x28"),
+           ("x86-avx2", "layer_norm.128x768")]
+
+
+@pytest.mark.parametrize("key,name", SHIPPED)
+def test_shipped_logs_match_the_computes(key, name):
+    """The shipped records still match the computes (they stop matching when a compute
+    changes: then re-tune, see tuning_logs/<key>/README.md)."""
     from topi_bn.build import schedule_prim_func, shipped_log_dir
     from topi_bn.targets import resolve_target
     from topi_bn.tuning import workload_prim_func
 
-    target = resolve_target("x86-avx512")
+    target = resolve_target(key)
     if not os.path.isdir(shipped_log_dir(target)):
         pytest.fail(f"no shipped log at {shipped_log_dir(target)}")
-    _, applied = schedule_prim_func(workload_prim_func(name), target, tuning_logs="shipped")
-    assert applied, f"shipped x86-avx512 log has no record for {name}: re-tune"
+    _, applied = schedule_prim_func(workload_prim_func(name, target=target), target,
+                                    tuning_logs="shipped")
+    assert applied, f"shipped {key} log has no record for {name}: re-tune"
+
+
+@pytest.mark.parametrize("key", ["x86-avx512", "x86-avx2"])
+def test_shipped_logs_hold_no_dead_records(key):
+    """Every entry of a shipped log's manifest was tuned on the PrimFunc its registry workload
+    has today (its key ends with that PrimFunc's hash): no records left behind by a compute
+    change."""
+    import tvm_ffi
+
+    from topi_bn import workloads as W
+    from topi_bn.build import shipped_log_dir
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import read_manifest
+
+    target = resolve_target(key)
+    manifest = read_manifest(shipped_log_dir(target))
+    assert manifest, f"{shipped_log_dir(target)}: empty manifest"
+    dead = []
+    for entry_key, entry in manifest.items():
+        mod = build_visible_mod(workload_prim_func(W.get(entry["workload"]), entry["dtype"],
+                                                   target))
+        if not entry_key.endswith(f"|{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFF:x}"):
+            dead.append(entry["workload"])
+    assert not dead, f"{key}: records tuned on another compute: {dead[:5]}"
 
 
 def test_log_reads_are_reused_until_the_files_change(tmp_path):

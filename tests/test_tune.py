@@ -70,7 +70,7 @@ def test_select_workloads():
     ({"workloads": "nope"}, ValueError, "workloads: unknown"),
     ({"rpc_tracker": "127.0.0.1:9190"}, ValueError, "rpc_tracker and rpc_key"),
     # wired to topi_bn.rpc (ARM branch): its tracker parser rejects a bad address
-    ({"rpc_tracker": "no-port", "rpc_key": "rasp4"}, ValueError, "rpc_tracker must be HOST:PORT"),
+    ({"rpc_tracker": "no-port", "rpc_key": "rasp4"}, ValueError, "rpc_tracker: expected HOST:PORT"),
 ])
 def test_tune_argument_errors(tmp_path, kwargs, exc, match):
     from topi_bn.tuning import tune

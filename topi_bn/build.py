@@ -176,24 +176,42 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
     target = resolve_target(target)
     _check_bn(bn)
     _check_layout(layout, target, bn)
+    func = _entry(mod_or_primfunc, params)  # argument errors come before any log is read
+    if isinstance(func, tvm.tirx.PrimFunc) and layout != "auto":
+        raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
+                         f"PrimFunc is built as written (got layout={layout!r})")
     loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
     db = _reporting_database(loaded.database, target)
+    if isinstance(func, tvm.tirx.PrimFunc):
+        return _build_prim_func(func, target, db)
+    return _build_relax(mod_or_primfunc, target, params, bn, db, layout)
+
+
+def _entry(mod_or_primfunc, params):
+    """The PrimFunc to build, or the Relax ``main`` (None when a Relax module has none), after
+    checking ``params`` against it."""
+    if isinstance(mod_or_primfunc, tvm.IRModule):
+        funcs = {gv.name_hint: f for gv, f in mod_or_primfunc.functions_items()}
+        if any(isinstance(f, tvm.relax.Function) for f in funcs.values()):
+            main = funcs.get("main")
+            if params is not None:
+                from .relax.params import check_params
+
+                if not isinstance(main, tvm.relax.Function):
+                    raise ValueError(f"params: they bind parameters of the Relax function "
+                                     f"'main', which the module lacks (functions: "
+                                     f"{sorted(funcs)})")
+                check_params(main, "main", params)
+            return main
+        prims = [f for f in funcs.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        if len(prims) != 1:
+            raise ValueError("mod_or_primfunc: an IRModule must hold a Relax function or exactly "
+                             "one PrimFunc")
+        mod_or_primfunc = prims[0]
     if isinstance(mod_or_primfunc, tvm.tirx.PrimFunc):
         if params:
             raise ValueError("params: only a Relax module takes params; a PrimFunc has none")
-        if layout != "auto":
-            raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
-                             f"PrimFunc is built as written (got layout={layout!r})")
-        return _build_prim_func(mod_or_primfunc, target, db)
-    if isinstance(mod_or_primfunc, tvm.IRModule):
-        funcs = dict(mod_or_primfunc.functions_items())
-        if any(isinstance(f, tvm.relax.Function) for f in funcs.values()):
-            return _build_relax(mod_or_primfunc, target, params, bn, db, layout)
-        prims = [f for f in funcs.values() if isinstance(f, tvm.tirx.PrimFunc)]
-        if len(prims) == 1 and not params:
-            return _build_prim_func(prims[0], target, db)
-        raise ValueError("mod_or_primfunc: an IRModule must hold a Relax function or exactly one "
-                         "PrimFunc")
+        return mod_or_primfunc
     raise TypeError(f"mod_or_primfunc: expected a tvm.IRModule or a tvm.tirx.PrimFunc, got "
                     f"{type(mod_or_primfunc).__name__}")
 
@@ -310,9 +328,11 @@ def _build_relax(mod, target, params, bn, db, layout="auto"):
     if params:
         from tvm import relax
 
+        from .relax.params import check_params
+
+        checked = check_params(mod["main"], "main", params)
         mod = relax.transform.BindParams("main", {
-            k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(v)
-            for k, v in params.items()})(mod)
+            var.name: tvm.runtime.tensor(array) for var, array in checked.items()})(mod)
     return tvm.compile(mod, target=target, relax_pipeline=_fallback_pipeline(target, db))
 
 

@@ -4,8 +4,10 @@ Subcommands register themselves in :data:`SUBCOMMANDS`: each is ``(name, add_arg
 help)``, where ``add_arguments(parser)`` adds its options and ``run(args)`` does the work and
 returns an exit code. To add one, write those functions and append a tuple.
 
-Argument errors (unknown workload, target, space, bad trial count) print a one-line message and
-exit with code 2, as argparse does for its own errors; they never print a traceback.
+Argument errors (unknown workload, target, space, bad trial count, an output folder that cannot
+be written) print a one-line message and exit with code 2, as argparse does for its own errors.
+Any other failure prints one line ``topi-bn COMMAND: error: ...`` and exits with code 1; set
+``TOPI_BN_TRACEBACK=1`` to see the traceback as well. A user never sees a traceback otherwise.
 """
 from __future__ import annotations
 
@@ -69,6 +71,13 @@ def _tune_check(args, fail: Callable[[str], None]):
         fail(str(err).replace("workloads:", "--workloads:", 1))
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         fail("--rpc-tracker and --rpc-key go together")
+    if args.rpc_tracker is not None:
+        from .rpc import parse_tracker
+
+        try:
+            parse_tracker(args.rpc_tracker)
+        except ValueError as err:
+            fail(str(err).replace("rpc_tracker:", "--rpc-tracker:", 1))
     if args.rpc_tracker is None:  # candidates are measured on this machine
         from .targets import host_can_run
 
@@ -78,7 +87,18 @@ def _tune_check(args, fail: Callable[[str], None]):
                  f"such a machine, or on a board through --rpc-tracker HOST:PORT --rpc-key KEY")
     if args.log_dir is None:
         args.log_dir = f"tuning_logs/{tuning_log_key(target)}"
+    _check_dir("--log-dir", args.log_dir, fail)
     return target
+
+
+def _check_dir(option: str, path: str, fail: Callable[[str], None]) -> None:
+    """``fail`` unless ``path`` is a directory we can write or create (nothing is created)."""
+    from .checks import check_writable_dir
+
+    try:
+        check_writable_dir(option, path)
+    except (ValueError, TypeError) as err:
+        fail(str(err))
 
 
 def _tune_run(args) -> int:
@@ -236,11 +256,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except (ValueError, TypeError) as err:  # argument errors found while running
-        sub_parser.error(str(err))
+        sub_parser.error(_one_line(err))
     except KeyboardInterrupt:
         print("interrupted; records merged so far are kept", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001  (a CLI user gets one line, not a traceback)
+        if os.environ.get("TOPI_BN_TRACEBACK"):
+            raise
+        print(f"{sub_parser.prog}: error: {type(err).__name__}: {_one_line(err)} (set "
+              f"TOPI_BN_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _one_line(err: BaseException) -> str:
+    from .checks import first_line
+
+    return first_line(err)
 
 
 if __name__ == "__main__":

@@ -65,10 +65,14 @@ from tvm import relax
 
 from .relax.analysis import FunctionUses, channel_values, is_channel_shape, op_name, \
     prune_dead_bindings, static_shape
+from .relax.params import check_params
 from .relax.report import SKIP_REASONS as _SKIP_REASONS
 
+from .checks import as_array, check_eps
+
 __all__ = ["SKIP_REASONS", "FoldBatchNorm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
-           "bn_scale_shift", "fold_batch_norm"]
+           "bn_scale_shift", "check_params", "fold_batch_norm"]
+
 
 #: Why a batch norm was not folded (``SkippedBatchNorm.reason``); shared with the fusion.
 SKIP_REASONS = _SKIP_REASONS
@@ -171,7 +175,15 @@ class FoldRecord:
     def load(cls, path: str | os.PathLike) -> FoldRecord:
         """Read a record written by :meth:`save`."""
         with open(path) as f:
-            return cls.from_dict(json.load(f))
+            try:
+                data = json.load(f)
+            except (ValueError, UnicodeDecodeError) as err:
+                raise ValueError(f"path: {os.fspath(path)} is not a fold record (not JSON: "
+                                 f"{err})") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"path: {os.fspath(path)}: {err}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,6 +206,19 @@ def bn_scale_shift(gamma, beta, mean, var, eps, center=True, scale=True):
     s, t : numpy.ndarray, float64 with shape (C,)
         ``BN(y) = s * y + t`` with ``s = gamma / sqrt(var + eps)``, ``t = beta - mean * s``.
     """
+    eps = check_eps(eps)
+    gamma = as_array("gamma", gamma, optional=not scale)
+    beta = as_array("beta", beta, optional=not center)
+    mean, var = as_array("mean", mean), as_array("var", var)
+    given = {n: a.shape for n, a in (("gamma", gamma), ("beta", beta), ("mean", mean),
+                                     ("var", var)) if a is not None}
+    if len(set(given.values())) != 1 or len(var.shape) != 1:
+        raise ValueError(f"gamma, beta, mean, var: expected 1-D arrays of one shape (C,), got "
+                         f"shapes {given}")
+    return _scale_shift(gamma, beta, mean, var, eps, center, scale)
+
+
+def _scale_shift(gamma, beta, mean, var, eps, center, scale):
     var = np.asarray(var, np.float64)
     s = 1.0 / np.sqrt(var + eps)
     if scale:
@@ -389,7 +414,7 @@ class _FunctionFolder:
         if self._uses(layer.weight) != 1 or (layer.bias is not None and self._uses(layer.bias) != 1):
             return self._skip(bn_var, name, "shared_weight")
 
-        s, t = bn_scale_shift(gamma, beta, mean, var, attrs.epsilon, attrs.center, attrs.scale)
+        s, t = _scale_shift(gamma, beta, mean, var, attrs.epsilon, attrs.center, attrs.scale)
         new_weight = weight.astype(np.float64) * _weight_scale(
             s, weight.shape, layer.weight_out_axis, layer.weight_in_axis, layer.groups)
         new_bias = t if bias is None else bias * s + t
@@ -507,37 +532,6 @@ def _cast_finite(array64: np.ndarray, dtype) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
-def _to_numpy(name: str, value) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, tvm.runtime.Tensor):
-        return value.numpy()
-    raise TypeError(f"params[{name!r}]: expected a numpy.ndarray or tvm.runtime.Tensor, "
-                    f"got {type(value).__name__}")
-
-
-def _check_params(func: relax.Function, func_name: str, params) -> dict[relax.Var, np.ndarray]:
-    """Map each entry of ``params`` to its function parameter, checking shape and dtype."""
-    if not isinstance(params, dict):
-        raise TypeError(f"params: expected a dict of name -> array, got {type(params).__name__}")
-    by_name = {p.name: p for p in func.params}
-    checked = {}
-    for name, value in params.items():
-        if not isinstance(name, str):
-            raise TypeError(f"params: keys must be parameter names (str), got {name!r}")
-        if name not in by_name:
-            raise ValueError(f"params[{name!r}]: {func_name!r} has no parameter {name!r} "
-                             f"(parameters: {sorted(by_name)})")
-        array = _to_numpy(name, value)
-        var = by_name[name]
-        shape, dtype = _static_shape(var), str(var.ty.dtype)
-        if shape != array.shape or str(array.dtype) != dtype:
-            raise ValueError(f"params[{name!r}]: expected shape {shape} and dtype {dtype}, "
-                             f"got {array.shape} {array.dtype}")
-        checked[var] = array
-    return checked
-
-
 def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: str = "main"):
     """Fold inference batch norms into the conv2d / conv2d_transpose / matmul before them.
 
@@ -571,7 +565,7 @@ def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: st
     if params and not isinstance(functions.get(func_name), relax.Function):
         raise ValueError(f"func_name: {func_name!r} is not a Relax function of mod "
                          f"(functions: {sorted(functions)})")
-    bound = _check_params(functions[func_name], func_name, params) if params else {}
+    bound = check_params(functions[func_name], func_name, params) if params else {}
 
     new_mod = mod.clone()
     record = FoldRecord()

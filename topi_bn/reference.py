@@ -1,7 +1,10 @@
 """NumPy float64 references: what the right answer is, for tests, benchmarks and users.
 
-Each function mirrors a compute in ``topi_bn.compute`` (same arguments, same argument checks)
-but works on NumPy arrays in float64, whatever their dtype, and returns float64.
+Each function mirrors a compute in ``topi_bn.compute``: same arguments, and the same checks of
+shapes and of the other arguments (:mod:`topi_bn.checks`), with the same one-line errors. It
+works on arrays of real numbers (NumPy arrays, array-likes, ``tvm.runtime.Tensor``) of any
+dtype, computes in float64 and returns float64; unlike the computes it does not require one
+float dtype for all arguments.
 """
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from .checks import (
-    ACTIVATIONS, RUNNING_STATS_CONVENTIONS, check_channel_vector, check_choice, check_eps,
-    check_momentum, conv_geometry, conv_geometry_nchwc, normalize_axis, normalize_trailing_axes,
+    ACTIVATIONS, RUNNING_STATS_CONVENTIONS, as_array, check_batch_norm, check_bool,
+    check_channel_vector, check_choice, check_eps, check_layer_norm, check_momentum,
+    conv_geometry, conv_geometry_nchwc,
 )
 
 __all__ = [
@@ -28,7 +32,7 @@ def _f64(x):
 def conv2d(data, weight, *, strides: Any = 1, padding: Any = 0, dilation: Any = 1,
            groups: int = 1, layout: str = "NCHW") -> np.ndarray:
     """Direct conv2d in float64 (NCHW/OIHW or NHWC/HWIO); returns the layout of ``data``."""
-    data, weight = np.asarray(data), np.asarray(weight)
+    data, weight = as_array("data", data), as_array("weight", weight)
     geo = conv_geometry(data, weight, strides, padding, dilation, groups, layout)
     x = _f64(data)
     w = _f64(weight)
@@ -73,12 +77,16 @@ def conv2d_bn_relu(data, weight, gamma, beta, mean, var, bias=None, *, strides: 
                    padding: Any = 0, dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
                    eps: float = 1e-5, activation: str | None = "relu") -> np.ndarray:
     """conv2d -> [bias add] -> batch_norm(inference) -> activation, in float64, op by op."""
+    gamma, beta, bias = (as_array(n, t, optional=True)
+                         for n, t in (("gamma", gamma), ("beta", beta), ("bias", bias)))
+    mean, var = as_array("mean", mean), as_array("var", var)
     eps = check_eps(eps)
+    check_choice("activation", activation, ACTIVATIONS)
     y = conv2d(data, weight, strides=strides, padding=padding, dilation=dilation, groups=groups,
                layout=layout)
     caxis = 1 if layout.upper() == "NCHW" else 3
-    for name, t in (("bias", bias), ("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var)):
-        check_channel_vector(name, None if t is None else np.asarray(t), y.shape[caxis], "weight")
+    for name, t in (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var), ("bias", bias)):
+        check_channel_vector(name, t, y.shape[caxis], "weight")
     if bias is not None:
         y = y + _channel_view(_f64(bias), 4, caxis)
     y = unpacked_batch_norm(y, gamma, beta, mean, var, axis=caxis, eps=eps)
@@ -89,9 +97,12 @@ def conv2d_shift_act(data, weight, shift, *, strides: Any = 1, padding: Any = 0,
                      dilation: Any = 1, groups: int = 1, layout: str = "NCHW",
                      activation: str | None = "relu") -> np.ndarray:
     """conv2d with BN-scaled weights, plus the per-channel shift, then activation."""
+    shift = as_array("shift", shift)
+    check_choice("activation", activation, ACTIVATIONS)
     y = conv2d(data, weight, strides=strides, padding=padding, dilation=dilation, groups=groups,
                layout=layout)
     caxis = 1 if layout.upper() == "NCHW" else 3
+    check_channel_vector("shift", shift, y.shape[caxis], "weight")
     y = y + _channel_view(_f64(shift), 4, caxis)
     return apply_activation(y, activation)
 
@@ -140,9 +151,9 @@ def _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual):
 def unpacked_batch_norm(data, gamma, beta, mean, var, *, axis: int = 1,
                         eps: float = 1e-5) -> np.ndarray:
     """Inference BN written op by op, as TVM's DecomposeOpsForInference unpacks it."""
-    x = _f64(data)
-    axis = normalize_axis("axis", axis, x.ndim)
-    eps = check_eps(eps)
+    data, gamma, beta, mean, var = _bn_arrays(data, gamma, beta, mean, var, ("mean", "var"))
+    args = check_batch_norm(data, gamma, beta, mean, var, axis=axis, eps=eps, dtypes=False)
+    x, axis, eps = _f64(data), args.axis, args.eps
     view = lambda v: _channel_view(_f64(v), x.ndim, axis)  # noqa: E731
     y = (x - view(mean)) / np.sqrt(view(var) + eps)
     if gamma is not None:
@@ -150,6 +161,12 @@ def unpacked_batch_norm(data, gamma, beta, mean, var, *, axis: int = 1,
     if beta is not None:
         y = y + view(beta)
     return y
+
+
+def _bn_arrays(data, gamma, beta, mean, var, stat_names):
+    return (as_array("data", data), as_array("gamma", gamma, optional=True),
+            as_array("beta", beta, optional=True), as_array(stat_names[0], mean),
+            as_array(stat_names[1], var))
 
 
 def batch_norm_infer(data, gamma, beta, mean, var, *, axis: int = 1, eps: float = 1e-5):
@@ -167,8 +184,12 @@ def batch_norm_train(data, gamma, beta, running_mean, running_var, *, axis: int 
     ``running_stats="onnx"``: ``new = momentum * old + (1 - momentum) * batch`` with the biased
     variance, as ONNX BatchNormalization's reference implementation does.
     """
-    x = _f64(data)
-    axis = normalize_axis("axis", axis, x.ndim)
+    names = ("running_mean", "running_var")
+    data, gamma, beta, running_mean, running_var = _bn_arrays(
+        data, gamma, beta, running_mean, running_var, names)
+    args = check_batch_norm(data, gamma, beta, running_mean, running_var, axis=axis, eps=eps,
+                            stat_names=names, training=True, dtypes=False)
+    x, axis = _f64(data), args.axis
     momentum = check_momentum(momentum)
     convention = check_choice("running_stats", running_stats, RUNNING_STATS_CONVENTIONS)
     red = tuple(d for d in range(x.ndim) if d != axis)
@@ -189,9 +210,11 @@ def batch_norm_train(data, gamma, beta, running_mean, running_var, *, axis: int 
 def layer_norm(data, gamma=None, beta=None, *, axis=-1, eps: float = 1e-5,
                return_stats: bool = False):
     """layer_norm in float64; with ``return_stats`` also ``mean`` and ``rstd`` (rows)."""
-    x = _f64(data)
-    axes = normalize_trailing_axes("axis", axis, x.ndim)
-    eps = check_eps(eps)
+    data = as_array("data", data)
+    gamma, beta = as_array("gamma", gamma, optional=True), as_array("beta", beta, optional=True)
+    args = check_layer_norm(data, gamma, beta, axis=axis, eps=eps, dtypes=False)
+    return_stats = check_bool("return_stats", return_stats)
+    x, axes, eps = _f64(data), args.axes, args.eps
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
     rstd = 1.0 / np.sqrt(var + eps)

@@ -19,7 +19,7 @@ def parse_tracker(tracker: str) -> tuple[str, int]:
     """``"HOST:PORT"`` -> ``(host, port)``; ValueError naming rpc_tracker otherwise."""
     host, sep, port = str(tracker).strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"rpc_tracker must be HOST:PORT (e.g. 127.0.0.1:9190), got {tracker!r}")
+        raise ValueError(f"rpc_tracker: expected HOST:PORT (e.g. 127.0.0.1:9190), got {tracker!r}")
     return host.strip("[]"), int(port)
 
 
@@ -37,7 +37,7 @@ def make_rpc_runner(tracker: str, key: str, *, number: int = 3, repeat: int = 1,
 
     host, port = parse_tracker(tracker)
     if not key:
-        raise ValueError("rpc_key must be a non-empty device key")
+        raise ValueError("rpc_key: expected a non-empty device key")
     return RPCRunner(
         rpc_config=RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
                              session_priority=session_priority,

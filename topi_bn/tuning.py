@@ -28,12 +28,15 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import workloads as _workloads
+from .checks import check_choice, check_writable_dir, describe
 from .targets import check_host_can_run, resolve_target, tuning_log_key, with_gpu_limits
 
-__all__ = ["SPACES", "TuneConfig", "TuneResult", "tune", "workload_prim_func", "select_workloads",
-           "build_visible_mod", "default_record"]
+__all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
+           "select_workloads", "build_visible_mod", "default_record"]
 
 SPACES = ("template", "auto")
+#: Element types ``tune`` tunes for.
+DTYPES = ("float32", "float16", "bfloat16")
 
 logger = logging.getLogger("topi_bn")
 
@@ -126,6 +129,10 @@ def workload_prim_func(workload, dtype: str = "float32", target=None):
 
     if isinstance(workload, str):
         workload = _workloads.get(workload)
+    if not isinstance(workload, _workloads.Workload):
+        raise TypeError(f"workload: expected a Workload or a workload name, got "
+                        f"{describe(workload)}")
+    dtype = check_choice("dtype", dtype, DTYPES + ("float64",))
     mod = _relax_module(workload, dtype)
     with resolve_target(target if target is not None else "x86"):
         mod = tvm.transform.Sequential(fuse_passes())(mod)
@@ -388,7 +395,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     space : ``"template"`` or ``"auto"``
         Our templates with sampled knobs, or MetaSchedule's generic rules on the blocks without
         our annotations.
-    dtype : str
+    dtype : {"float32", "float16", "bfloat16"}
         Element type of the workloads' inputs.
     rpc_tracker, rpc_key : str, optional
         Measure on devices registered at a ``tvm.rpc`` tracker (``HOST:PORT``) under ``KEY``,
@@ -411,21 +418,26 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         progress = sys.stderr
     elif progress is False:
         progress = None
+    elif progress is not None and not callable(getattr(progress, "write", None)):
+        raise TypeError(f"progress: expected a bool, None or a text stream, got "
+                        f"{describe(progress)}")
     # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
     tgt = with_gpu_limits(resolve_target(target))
     if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute
         check_host_can_run(tgt, "target")
+    else:
+        from .rpc import parse_tracker
+
+        parse_tracker(rpc_tracker)
     chosen = select_workloads(workloads, tgt)
     trials = _check_trials(trials)
-    if space not in SPACES:
-        raise ValueError(f"space: expected one of {SPACES}, got {space!r}")
+    space = check_choice("space", space, SPACES)
+    dtype = check_choice("dtype", dtype, DTYPES)
     if log_dir is None:
         log_dir = os.path.join("tuning_logs", tuning_log_key(tgt))
-    if not isinstance(log_dir, (str, os.PathLike)) or str(log_dir) == "":
-        raise ValueError(f"log_dir: expected a directory path, got {log_dir!r}")
-    log_dir = os.fspath(log_dir)
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise ValueError(f"log_dir: {log_dir} exists and is not a directory")
+    log_dir = check_writable_dir("log_dir", log_dir)
+    if config is not None and not isinstance(config, TuneConfig):
+        raise TypeError(f"config: expected a TuneConfig, got {describe(config)}")
     config = config or TuneConfig()
     cores = config.num_cores or int(tgt.attrs.get("num-cores", 0) or os.cpu_count() or 1)
     per_iter = config.trials_per_iter or min(trials, 16)

@@ -409,6 +409,8 @@ _build()
 
 def get(name: str) -> Workload:
     """The workload called ``name``."""
+    if not isinstance(name, str):
+        raise TypeError(f"workload: expected a workload name (str), got {type(name).__name__}")
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -427,6 +429,8 @@ def list_workloads(group: str | None = None, op: str | None = None) -> list[Work
     and the blocked ones, whose block size depends on the target), optionally of one ``op``."""
     if group not in (None, "all") and group not in groups():
         raise ValueError(f"group: expected one of {groups() + ('all',)}, got {group!r}")
+    if op is not None and op not in OPS:
+        raise ValueError(f"op: expected one of {OPS}, got {op!r}")
     out = []
     for w in _REGISTRY.values():
         if group in (None, "all"):

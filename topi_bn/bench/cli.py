@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from .. import workloads as W
+from ..checks import check_writable_dir
 from . import gpu, ops
 from .networks import bench_networks
 from .report import machine_info, results_markdown, to_json, format_table
@@ -88,22 +89,6 @@ def is_gpu_target(target) -> bool:
     return target_family(resolve_target(target, "--target")) == "cuda"
 
 
-def _check_out(path: str) -> str | None:
-    """Why ``path`` cannot receive the results (``None``: it can), without creating it."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return f"{path!r} exists and is not a folder"
-        return None if os.access(path, os.W_OK | os.X_OK) else f"{path!r} is not writable"
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"{parent!r} is not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot create {path!r}: {parent!r} is not writable"
-    return None
-
-
 def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     """Report a bad ``topi-bn bench`` argument through ``error`` (argparse's ``parser.error``:
     a one-line message, exit code 2) before anything is built."""
@@ -139,9 +124,10 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
     if args.tuning_logs != "shipped" and not os.path.isdir(args.tuning_logs):
         error(f"--tuning-logs: expected 'shipped' or a MetaSchedule database folder, "
               f"got {args.tuning_logs!r} (no such folder)")
-    why = _check_out(args.out)
-    if why:
-        error(f"--out: {why}")
+    try:  # writable or creatable, before anything runs; nothing is created here
+        check_writable_dir("--out", args.out)
+    except (ValueError, TypeError) as err:
+        error(str(err))
 
 
 def _config(args: argparse.Namespace, smoke: bool) -> BenchConfig:

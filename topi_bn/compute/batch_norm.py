@@ -31,8 +31,8 @@ from tvm import te
 from .statistics import two_pass_stats
 from ..checks import (
     cast as _cast,
-    RUNNING_STATS_CONVENTIONS, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
-    check_float, check_momentum, check_same_dtype, normalize_axis, shape_of,
+    RUNNING_STATS_CONVENTIONS, accum_dtype, check_batch_norm, check_choice, check_momentum, eps_const,
+    check_te_tensors, shape_of,
 )
 
 TRAIN_RULE = "topi_bn.batch_norm_train"
@@ -70,7 +70,11 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
         ``y`` has the shape and dtype of ``data``; the others are 1-D (C,) in the dtype of the
         parameters. ``batch_var`` is the biased variance (what a backward pass needs).
     """
-    axis, dtype, pdtype = _check_bn(data, gamma, beta, running_mean, running_var, axis, eps)
+    check_te_tensors(("gamma", "beta"), data=data, gamma=gamma, beta=beta,
+                     running_mean=running_mean, running_var=running_var)
+    args = check_batch_norm(data, gamma, beta, running_mean, running_var, axis=axis, eps=eps,
+                            stat_names=("running_mean", "running_var"), training=True)
+    axis, dtype, pdtype, eps = args.axis, args.dtype, args.param_dtype, args.eps
     momentum = check_momentum(momentum)
     convention = check_choice("running_stats", running_stats, RUNNING_STATS_CONVENTIONS)
     shape = shape_of(data)
@@ -78,9 +82,6 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
     for d, ext in enumerate(shape):
         if d != axis:
             count = count * ext
-    if isinstance(count, int) and count < 2:
-        raise ValueError(f"data: training batch-norm needs more than one value per channel, got "
-                         f"shape {shape} with channel axis {axis}")
     acc = accum_dtype(dtype)
     attrs = {"schedule_rule": TRAIN_RULE}
     n = tvm.tirx.Cast(acc, count) if not isinstance(count, int) else tvm.tirx.const(count, acc)
@@ -140,35 +141,15 @@ def batch_norm_infer(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
 
     Shapes and dtypes as in :func:`batch_norm_train`; returns ``y`` only.
     """
-    axis, dtype, _ = _check_bn(data, gamma, beta, mean, var, axis, eps)
+    check_te_tensors(("gamma", "beta"), data=data, gamma=gamma, beta=beta, mean=mean, var=var)
+    args = check_batch_norm(data, gamma, beta, mean, var, axis=axis, eps=eps)
+    axis, dtype, eps = args.axis, args.dtype, args.eps
     acc = accum_dtype(dtype)
     mean_acc = te.compute(shape_of(mean), lambda c: _cast(mean[c], acc), name="bn_mean",
                           attrs={"schedule_rule": INFER_RULE})
     var_acc = te.compute(shape_of(var), lambda c: _cast(var[c], acc), name="bn_var",
                          attrs={"schedule_rule": INFER_RULE})
     return _normalize(data, axis, mean_acc, var_acc, gamma, beta, eps, acc, INFER_RULE)
-
-
-def _check_bn(data, gamma, beta, mean, var, axis, eps):
-    dtype = check_float("data", data)
-    shape = shape_of(data)
-    if len(shape) < 2:
-        raise ValueError(f"data: expected a tensor of rank >= 2 (batch and channel axes), got "
-                         f"shape {shape}")
-    axis = normalize_axis("axis", axis, len(shape))
-    eps = check_eps(eps)
-    for name, t in (("mean" if mean is not None else "running_mean", mean),
-                    ("var" if var is not None else "running_var", var)):
-        if t is None:
-            raise ValueError(f"{name}: expected a 1-D tensor of per-channel statistics, got None")
-    params = [("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var)]
-    for name, t in params:
-        check_channel_vector(name, t, shape[axis], f"data along axis {axis}")
-    pdtype = check_same_dtype(params)
-    if pdtype not in (dtype, "float32"):
-        raise TypeError(f"gamma: batch-norm parameters must be {dtype} (like data) or float32, "
-                        f"got {pdtype}")
-    return axis, dtype, pdtype
 
 
 def _normalize(data, axis, mean, var, gamma, beta, eps, acc, rule):

@@ -8,6 +8,11 @@
 
 The batch-norm is a per-output-channel scale and shift applied to the conv accumulator (float32
 for float16/bfloat16 inputs), so a schedule applies it in registers before the single store.
+:math:`s_k` and :math:`t_k` are computed in that dtype, as PyTorch's CPU batch-norm and ONNX
+Runtime compute theirs: where they overflow (:math:`\\gamma = 10^{37}`, :math:`\\sigma^2 =
+10^{-6}`) the channel's outputs are inf or NaN there too, though float64 may stay finite
+(``topi_bn.build`` refuses such constant parameters, see
+:func:`topi_bn.relax.modes.check_constant_batch_norms`). NaN propagates through the activation.
 Blocks: ``pad`` (only when padding is non-zero), ``bn_scale``/``bn_shift`` (per channel), ``conv``
 (the reduction, the schedule's anchor) and ``bn_act`` (epilogue). Every block carries
 ``schedule_rule = "topi_bn.conv2d_bn_relu"`` (``"topi_bn.depthwise_conv2d_bn_relu"`` for
@@ -24,7 +29,7 @@ from .activation import activation
 from ..checks import (
     cast as _cast,
     ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
-    check_float, check_same_dtype, conv_geometry,
+    check_float, check_param_dtypes, check_same_dtype, check_te_tensors, conv_geometry,
 )
 
 RULE = "topi_bn.conv2d_bn_relu"
@@ -72,9 +77,11 @@ def conv2d_bn_relu(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
     te.Tensor
         4-D with shape (N, K, OH, OW) for NCHW or (N, OH, OW, K) for NHWC.
     """
+    check_te_tensors(("gamma", "beta", "bias"), data=data, weight=weight, gamma=gamma,
+                     beta=beta, mean=mean, var=var, bias=bias)
     geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
                                              layout, kernel_layout, activation, out_dtype)
-    eps = check_eps(eps)
+    eps = check_eps(eps, accum_dtype(dtype))
     scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, dtype, _rule(geo))
     return _conv_epilogue(data, weight, geo, scale, shift, act, out_dtype)
 
@@ -90,10 +97,9 @@ def conv2d_shift_act(data: te.Tensor, weight: te.Tensor, shift: te.Tensor, *, st
     ``shift`` is 1-D with shape (K,) (the folded shift, conv bias included); the other
     arguments are as in :func:`conv2d_bn_relu`.
     """
+    check_te_tensors(data=data, weight=weight, shift=shift)
     geo, dtype, act, out_dtype = _check_conv(data, weight, padding, strides, dilation, groups,
                                              layout, kernel_layout, activation, out_dtype)
-    if shift is None:
-        raise ValueError("shift: expected a 1-D tensor of the per-channel shift, got None")
     check_bn_params([("shift", shift)], geo, dtype)
     return _conv_epilogue(data, weight, geo, None, shift, act, out_dtype)
 
@@ -115,7 +121,9 @@ def check_conv_args(data, weight, geometry: Callable[[], ConvGeometry], activati
     dtype = check_same_dtype([("data", data), ("weight", weight)])
     geo = geometry()
     act = check_choice("activation", activation, ACTIVATIONS)
-    out_dtype = out_dtype or dtype
+    out_dtype = dtype if out_dtype is None else out_dtype
+    if not isinstance(out_dtype, str):
+        raise TypeError(f"out_dtype: expected a float dtype name, got {type(out_dtype).__name__}")
     if out_dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise ValueError(f"out_dtype: expected a float dtype, got {out_dtype!r}")
     return geo, dtype, act, out_dtype
@@ -156,10 +164,7 @@ def check_bn_params(params, geo: ConvGeometry, dtype: str) -> None:
     float32."""
     for name, t in params:
         check_channel_vector(name, t, geo.out_channels, "weight")
-    pdt = check_same_dtype(params)
-    if pdt not in (dtype, "float32"):
-        raise TypeError(f"{params[0][0]}: batch-norm parameters must be {dtype} (like data) or "
-                        f"float32, got {pdt}")
+    check_param_dtypes(params, dtype)
 
 
 def _rule(geo: ConvGeometry) -> str:

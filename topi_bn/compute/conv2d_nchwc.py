@@ -35,7 +35,8 @@ from tvm import te
 from .activation import activation as _activation
 from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
 from ..checks import (
-    cast as _cast, ConvGeometry, accum_dtype, check_eps, check_float, conv_geometry_nchwc,
+    cast as _cast, ConvGeometry, accum_dtype, check_eps, check_float, check_te_tensors,
+    conv_geometry_nchwc,
     shape_of,
 )
 
@@ -92,9 +93,11 @@ def conv2d_bn_act_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | N
     te.Tensor
         5-D with shape (N, K/kb, OH, OW, kb).
     """
+    check_te_tensors(("gamma", "beta", "bias", "residual"), data=data, weight=weight,
+                     gamma=gamma, beta=beta, mean=mean, var=var, bias=bias, residual=residual)
     geo, dtype, act, out_dtype = _check(data, weight, strides, padding, dilation, groups,
                                         activation, out_dtype)
-    eps = check_eps(eps)
+    eps = check_eps(eps, accum_dtype(dtype))
     scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, dtype, _rule(geo))
     _check_residual(residual, geo, dtype, out_dtype)
     return _blocked_conv(data, weight, geo, scale, shift, residual, act, out_dtype)
@@ -112,10 +115,9 @@ def conv2d_shift_act_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.Tensor,
     ``shift`` is 1-D with shape (K,) (the folded shift, conv bias included), in ``data``'s
     dtype or float32; the other arguments are as in :func:`conv2d_bn_act_nchwc`.
     """
+    check_te_tensors(("residual",), data=data, weight=weight, shift=shift, residual=residual)
     geo, dtype, act, out_dtype = _check(data, weight, strides, padding, dilation, groups,
                                         activation, out_dtype)
-    if shift is None:
-        raise ValueError("shift: expected a 1-D tensor of the per-channel shift, got None")
     check_bn_params([("shift", shift)], geo, dtype)
     _check_residual(residual, geo, dtype, out_dtype)
     return _blocked_conv(data, weight, geo, None, shift, residual, act, out_dtype)

@@ -17,7 +17,9 @@ import tvm
 from tvm import te
 
 from .statistics import two_pass_stats
-from ..checks import cast as _cast, accum_dtype, check_eps, eps_const, check_float, check_same_dtype, normalize_trailing_axes, shape_of
+from ..checks import (
+    cast as _cast, accum_dtype, check_bool, eps_const, check_layer_norm, check_te_tensors, shape_of,
+)
 
 RULE = "topi_bn.layer_norm"
 
@@ -44,20 +46,12 @@ def layer_norm(data: te.Tensor, gamma: te.Tensor | None = None, beta: te.Tensor 
     -------
     y, or [y, mean, rstd]
     """
-    dtype = check_float("data", data)
+    check_te_tensors(("gamma", "beta"), data=data, gamma=gamma, beta=beta)
+    args = check_layer_norm(data, gamma, beta, axis=axis, eps=eps)
+    axes, dtype, eps = args.axes, args.dtype, args.eps
+    return_stats = check_bool("return_stats", return_stats)
     shape = shape_of(data)
-    if len(shape) < 1:
-        raise ValueError("data: expected a tensor of rank >= 1, got a scalar")
-    axes = normalize_trailing_axes("axis", axis, len(shape))
-    eps = check_eps(eps)
     norm_shape = shape[axes[0]:]
-    for name, t in (("gamma", gamma), ("beta", beta)):
-        if t is not None and tuple(shape_of(t)) != tuple(norm_shape):
-            raise ValueError(f"{name}: expected shape {tuple(norm_shape)} (the normalized axes "
-                             f"of data), got {shape_of(t)}")
-    check_same_dtype([("data", data), ("gamma", gamma), ("beta", beta)])
-    if not isinstance(return_stats, bool):
-        raise TypeError(f"return_stats: expected a bool, got {type(return_stats).__name__}")
 
     acc = accum_dtype(dtype)
     attrs = {"schedule_rule": RULE}

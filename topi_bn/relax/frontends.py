@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 
 from .analysis import constant_value
+from ..checks import first_line, describe
 from .registration import BN_CONVENTION_ATTR
 
 __all__ = ["from_onnx", "fold_onnx_constants", "from_exported_program", "OUTPUT_NAMES_ATTR"]
@@ -159,7 +160,8 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict: str | dict | No
 
     Parameters
     ----------
-    model : onnx.ModelProto
+    model : onnx.ModelProto or path
+        The model, or the path of an ``.onnx`` file.
     shape_dict, dtype_dict, opset, keep_params_in_input, sanitize_input_names
         As TVM's importer: input shapes and dtypes by input name (for inputs with dynamic
         dimensions), opset override, parameters as inputs, input name sanitizing.
@@ -173,16 +175,16 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict: str | dict | No
 
     Raises
     ------
-    ValueError
-        When TVM's importer fails on the model; the message says which operator.
+    FileNotFoundError, ValueError, TypeError
+        A missing or unreadable file, a file or model that is not a valid ONNX model or that
+        TVM's importer cannot convert (the message says which operator), an argument of the
+        wrong type; one line naming it.
     """
     import warnings
 
     import onnx
 
-    if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model: expected an onnx.ModelProto (onnx.load(path)), got "
-                        f"{type(model).__name__}")
+    model = _load(model, "model", "an onnx.ModelProto", onnx.ModelProto, _read_onnx)
     if model.ir_version < 3:
         raise ValueError(f"model: ONNX IR version {model.ir_version} is not supported (TVM "
                          f"needs 3 or later)")
@@ -205,6 +207,42 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict: str | dict | No
                          f"shapes (shape_dict) or simplify the graph (e.g. onnx-simplifier) "
                          f"and try again") from err
     return mod.with_attr(BN_CONVENTION_ATTR, "onnx")
+
+
+def _read_onnx(path: str):
+    import onnx
+
+    return onnx.load(path)
+
+
+def _read_exported_program(path: str):
+    import torch
+
+    return torch.export.load(path)
+
+
+def _load(obj, name: str, expected: str, cls, read):
+    """``obj`` when it is a ``cls``, else the object read from the file at path ``obj``."""
+    import os
+
+    if isinstance(obj, cls):
+        return obj
+    if not isinstance(obj, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected {expected} or a file path, got "
+                        f"{describe(obj)}")
+    path = os.fspath(obj)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{name}: no such file: {path}")
+    try:
+        loaded = read(path)
+    except OSError as err:
+        raise OSError(f"{name}: cannot read {path} ({first_line(err)})") from err
+    except Exception as err:  # protobuf DecodeError, zipfile errors, ...
+        raise ValueError(f"{name}: {path} is not {expected} file ({type(err).__name__}: "
+                         f"{first_line(err)})") from err
+    if not isinstance(loaded, cls):
+        raise ValueError(f"{name}: {path} does not hold {expected}")
+    return loaded
 
 
 def _bn_functional(node, importer) -> relax.Var:
@@ -268,7 +306,8 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
 
     Parameters
     ----------
-    exported_program : torch.export.ExportedProgram
+    exported_program : torch.export.ExportedProgram or path
+        The program, or the path of a file written by ``torch.export.save``.
     keep_buffer_updates : bool
         Also return the updated buffers (BatchNorm running statistics, ``num_batches_tracked``)
         ahead of the user outputs; ``main``'s attribute ``topi_bn.output_names`` names them.
@@ -278,31 +317,37 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     import torch
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    if not isinstance(exported_program, torch.export.ExportedProgram):
+    if isinstance(exported_program, torch.nn.Module):
         raise TypeError(f"exported_program: expected a torch.export.ExportedProgram, got "
-                        f"{type(exported_program).__name__}")
+                        f"{describe(exported_program)}; export it first: "
+                        f"torch.export.export(model, example_args)")
+    exported_program = _load(exported_program, "exported_program",
+                             "a torch.export.ExportedProgram", torch.export.ExportedProgram,
+                             _read_exported_program)
     if not isinstance(keep_buffer_updates, bool):
         raise TypeError(f"keep_buffer_updates: expected a bool, got "
                         f"{type(keep_buffer_updates).__name__}")
-    ep = exported_program
-    if kwargs.pop("run_ep_decomposition", True):
-        ep = ep.run_decompositions()
+    run_decompositions = kwargs.pop("run_ep_decomposition", True)
     convert = dict(kwargs.pop("custom_convert_map", None) or {})
     convert.setdefault("_native_batch_norm_legit_functional.default", _bn_functional)
-    from torch.export.graph_signature import OutputKind
-
-    names = []
-    for spec in ep.graph_signature.output_specs:
-        if spec.kind == OutputKind.BUFFER_MUTATION and keep_buffer_updates:
-            names.append(f"buffer:{spec.target}")
-        elif spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
-            names.append(f"user:{spec.arg.name}")
-    source = _SignatureView(ep) if keep_buffer_updates else ep
-    mod = ExportedProgramImporter().from_exported_program(
-        source, kwargs.pop("keep_params_as_input", False),
-        kwargs.pop("unwrap_unit_return_tuple", False), kwargs.pop("no_bind_return_tuple", False),
-        convert)
+    flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
+             kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
         raise TypeError(f"from_exported_program: unexpected arguments {sorted(kwargs)}")
+    from torch.export.graph_signature import OutputKind
+
+    try:
+        ep = exported_program.run_decompositions() if run_decompositions else exported_program
+        names = []
+        for spec in ep.graph_signature.output_specs:
+            if spec.kind == OutputKind.BUFFER_MUTATION and keep_buffer_updates:
+                names.append(f"buffer:{spec.target}")
+            elif spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+                names.append(f"user:{spec.arg.name}")
+        source = _SignatureView(ep) if keep_buffer_updates else ep
+        mod = ExportedProgramImporter().from_exported_program(source, *flags, convert)
+    except Exception as err:  # unsupported operators (AssertionError), ...
+        raise ValueError(f"exported_program: TVM's PyTorch importer cannot convert it "
+                         f"({type(err).__name__}: {first_line(err)})") from err
     mod["main"] = mod["main"].with_attr(OUTPUT_NAMES_ATTR, names)
     return mod

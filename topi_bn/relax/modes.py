@@ -36,18 +36,21 @@ from typing import Any, Mapping
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 
 from ..targets import resolve_target, target_family
 from .analysis import FunctionUses, op_name, static_shape
 from .blocked import BlockedLayout
+from .params import check_params
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
 from .registration import (
-    BN_CONVENTION_ATTR, MODE_ATTR, OPS, StripKernelDescriptions, legalize_options,
+    ACTIVATION_OPS, BN_CONVENTION_ATTR, MODE_ATTR, OPS, StripKernelDescriptions,
+    legalize_options,
 )
 from .report import BatchNormOutcome, BatchNormReport
 
 __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
-           "bind_params", "check_layout", "NarrowKernelIndices"]
+           "bind_params", "check_constant_batch_norms", "check_layout", "NarrowKernelIndices"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 #: ``layout=`` of :func:`pipeline`, :func:`lower` and ``topi_bn.build``: ``"auto"`` runs the
@@ -66,19 +69,22 @@ def _check_bn(bn) -> str:
 
 def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
                 func_name: str = "main") -> tvm.IRModule:
-    """Bind ``params`` (parameter name -> array) as constants of ``func_name``."""
-    if not params:
+    """Bind ``params`` (parameter name -> array) as constants of ``func_name``.
+
+    Each array must match its parameter's declared dtype and shape
+    (:func:`topi_bn.fold.check_params`): a weight of another shape would otherwise build a
+    different layer, and one of another dtype would fail deep in the build.
+    """
+    if params is None or (isinstance(params, Mapping) and not params):
         return mod
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params: expected a dict of parameter name -> array, got "
-                        f"{type(params).__name__}")
-    names = {p.name for p in mod[func_name].params}
-    unknown = sorted(set(params) - names)
-    if unknown:
-        raise ValueError(f"params: {unknown} are not parameters of {func_name!r} "
-                         f"(parameters: {sorted(names)})")
-    values = {k: v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(v))
-              for k, v in params.items()}
+    func = mod[func_name] if func_name in [gv.name_hint for gv in mod.get_global_vars()] else None
+    if not isinstance(func, relax.Function):
+        raise ValueError(f"params: the module has no Relax function {func_name!r} to bind "
+                         f"them to")
+    checked = check_params(func, func_name, params)
+    values = {var.name: params[var.name] if isinstance(params[var.name], tvm.runtime.Tensor)
+              else tvm.runtime.tensor(np.ascontiguousarray(array))
+              for var, array in checked.items()}
     return relax.transform.BindParams(func_name, values)(mod)
 
 
@@ -91,6 +97,93 @@ def _batch_norms(mod: tvm.IRModule) -> list[tuple[str, str, relax.Call]]:
                       for var, value in FunctionUses(func).bindings()
                       if op_name(value) == "relax.nn.batch_norm"]
     return found
+
+
+def check_constant_batch_norms(mod: tvm.IRModule) -> None:
+    """Refuse inference batch-norms whose constant parameters make the topi-bn kernels' output
+    inf or NaN for every input.
+
+    The kernels apply BN as ``y = x * s + t`` per channel with ``s = gamma / sqrt(var + eps)``
+    and, fused after a conv, ``t = beta + (bias - mean) * s``, computed in float32 (float64
+    for float64 data), as PyTorch's CPU batch-norm and ONNX Runtime do. Where ``s`` (or ``t``)
+    overflows (gamma = 1e37 with var = 1e-6 gives 3e39), every output of the channel is inf or
+    NaN, though ``((x - mean) / sqrt(var + eps)) * gamma`` may be finite. With parameters
+    known at build time that is reported here, naming the batch-norm, the channel and the
+    values. ``bn="folded"`` (the scale multiplies the conv weights in float64, kept when the
+    result is finite) or ``bn="unpacked"`` (TVM's decomposition, in that order) builds such a
+    model.
+    """
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            _ConstantBatchNormCheck(gv.name_hint).visit_expr(func)
+
+
+@relax.expr_functor.visitor
+class _ConstantBatchNormCheck(relax.PyExprVisitor):
+    def __init__(self, func_name: str):
+        super().__init__()
+        self.func_name = func_name
+        self.values: dict = {}
+
+    def visit_var_binding_(self, binding):
+        self.values[binding.var] = binding.value
+        call = binding.value
+        if (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.name == "relax.nn.batch_norm" and not call.attrs.training):
+            self._check(binding.var.name, call)
+        super().visit_var_binding_(binding)
+
+    def _check(self, name: str, call: relax.Call) -> None:
+        a = call.attrs
+        data, gamma, beta, mean, var = call.args
+        consts = [_constant(e) for e in (gamma, beta, mean, var)]
+        if consts[3] is None or (a.scale and consts[0] is None):
+            return  # run-time parameters: the kernel behaves as PyTorch's
+        acc = np.float64 if str(data.ty.dtype) == "float64" else np.float32
+        g = consts[0].astype(acc) if a.scale else np.ones_like(consts[3], acc)
+        with np.errstate(all="ignore"):
+            s = g / np.sqrt(consts[3].astype(acc) + acc(a.epsilon))
+            t = None
+            producer = self.values.get(data)
+            fused = isinstance(producer, relax.Call) and getattr(producer.op, "name", "") in (
+                "relax.nn.conv2d", "relax.add")
+            bias = _bias(producer, s.shape) if fused else None
+            if fused and consts[2] is not None and (not a.center or consts[1] is not None):
+                t = ((bias.astype(acc) if bias is not None else acc(0)) - consts[2].astype(acc)) * s
+                if a.center:
+                    t = t + consts[1].astype(acc)
+        for what, v in (("gamma / sqrt(var + eps)", s),
+                        ("beta + (bias - mean) * gamma / sqrt(var + eps)", t)):
+            if v is None or np.all(np.isfinite(v)):
+                continue
+            k = int(np.flatnonzero(~np.isfinite(v))[0])
+            detail = (f"gamma={float(g[k]):.3g}, " if a.scale else "") + (
+                f"var={float(consts[3][k]):.3g}, eps={float(a.epsilon):.3g}")
+            if v is t:
+                detail += f", mean={float(consts[2][k]):.3g}"
+            raise ValueError(
+                f"params: batch_norm {name!r} of {self.func_name!r}, channel {k}: {what} is "
+                f"{float(v[k])} in {np.dtype(acc).name} ({detail}); the kernel's output would "
+                f"be inf or NaN for every input (as in PyTorch and ONNX Runtime); build with "
+                f"bn='folded' (the scale goes into the conv weights, in float64) or "
+                f"bn='unpacked' (((x - mean) / sqrt(var + eps)) * gamma)")
+
+
+def _bias(producer, shape) -> np.ndarray | None:
+    """The constant per-channel operand of ``add(conv, bias)``, flattened, else None."""
+    if getattr(producer.op, "name", "") != "relax.add":
+        return None
+    for arg in producer.args:
+        c = _constant(arg)
+        if c is not None and c.shape == shape:
+            return c
+    return None
+
+
+def _constant(expr) -> np.ndarray | None:
+    if isinstance(expr, Constant) and isinstance(expr.value, tvm.runtime.Tensor):
+        return expr.value.numpy().reshape(-1)
+    return None
 
 
 def _batch_norm_modes(mod: tvm.IRModule) -> set[bool]:
@@ -246,6 +339,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     # the kernels are scheduled after FuseTIR, in pipeline(): never at rewrite time
     with legalize_options(schedule=False):
         if bn == "fused":
+            check_constant_batch_norms(mod)
             fuse = FuseConvBatchNorm()
             mod = fuse(mod)
             outcomes = fuse.report
@@ -255,6 +349,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
 
             mod, new_params, record = fold_batch_norm(mod)
             mod = bind_params(mod, new_params)
+            check_constant_batch_norms(mod)  # those left unfolded
             fuse = FuseConvBatchNorm()
             mod = fuse(mod)
             outcomes = _folded_outcomes(record, fuse.report, found)
@@ -272,6 +367,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
                 mod = relax.transform.DecomposeOpsForInference()(mod)
             outcomes = [BatchNormOutcome(f, v, "unpacked") for f, v, _ in found]
         else:  # opaque
+            check_constant_batch_norms(mod)
             with legalize_options(opaque_batch_norm=True):
                 mod = _legalize_only(mod, {"relax.nn.batch_norm"})
             mod = FuseConvShiftAct()(mod)  # the convs on topi-bn's scheduled kernel
@@ -401,20 +497,33 @@ def pipeline(target: Any, database=None, layout: str = "auto") -> tvm.transform.
     - legalization through the topi-bn registration, without scheduling at legalize time,
       so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
       a module of mode ``unpacked`` is lowered by TVM alone;
+    - ``relax.nn.relu`` and ``relax.clip`` (ReLU6) legalized so that NaN propagates, as in
+      PyTorch and ONNX Runtime (:data:`~topi_bn.relax.registration.ACTIVATION_OPS`; TVM's
+      ``max(x, 0)`` gives 0 for NaN), except in ``unpacked`` modules;
     - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
       the default schedules of every remaining topi-bn PrimFunc, then (GPU) dlight for the rest.
     """
     target = resolve_target(target)
     check_layout(layout, target)
+    if database is not None:
+        from tvm.s_tir.meta_schedule.database import Database
+
+        if not isinstance(database, Database):
+            raise TypeError(f"database: expected a MetaSchedule Database or None, got "
+                            f"{type(database).__name__}")
     rp = _backend_pipeline(target)
 
     def passes(mode: str):
+        ours_too = mode != "unpacked"
         first = []
         if _blocked(layout, target, mode):
             first.append(BlockedLayout(target))
         first.append(StripKernelDescriptions())
         legalize = list(rp.legalize_passes(target))
         names = [p.info.name for p in legalize]
+        if ours_too and "LegalizeOps" in names:  # relu / clip that propagate NaN
+            legalize[names.index("LegalizeOps")] = relax.transform.LegalizeOps(
+                customize_legalize_map=ACTIVATION_OPS)
         at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)
         ours = []
         if database is not None:

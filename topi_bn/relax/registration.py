@@ -41,12 +41,14 @@ from tvm import relax
 from tvm.relax.utils import gen_call_tir_inputs
 
 from ..compute import batch_norm_infer, batch_norm_train, layer_norm
+from ..compute.activation import clip, relu
 
 __all__ = [
     "register", "unregister", "is_registered", "tvm_lowering", "legalize_options",
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
-    "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "KERNEL_ATTR",
-    "kernel_description", "StripKernelDescriptions",
+    "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "ACTIVATION_OPS",
+    "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description",
+    "StripKernelDescriptions",
 ]
 
 #: Module attribute naming the running-statistics convention of training batch-norms.
@@ -251,6 +253,28 @@ def legalize_layer_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     except (ValueError, TypeError) as err:
         # e.g. axes that are not the trailing ones: TVM's lowering handles any axes
         return _fallback(op_name, bb, call, str(err))
+
+
+def legalize_relu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.nn.relu`` as :func:`topi_bn.compute.activation.relu` (NaN propagates); used by
+    the topi-bn pipeline only, never registered globally."""
+    return bb.call_te(relu, call.args[0], primfunc_name_hint="relu")
+
+
+def legalize_clip(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``relax.clip`` (ReLU6 and hardtanh come as clip) as
+    :func:`topi_bn.compute.activation.clip` (NaN propagates); topi-bn pipeline only."""
+    x, lo, hi = call.args
+    return bb.call_te(clip, x, lo.value, hi.value, primfunc_name_hint="clip")
+
+
+#: What the topi-bn pipeline legalizes its own way, with NaN propagated as in PyTorch and ONNX
+#: Runtime (TVM's ``max``/``min`` lowering turns NaN into the bound). A plain ``tvm.compile`` is
+#: not affected: these are passed to the pipeline's ``LegalizeOps``, not registered.
+ACTIVATION_OPS: dict[str, Callable] = {
+    "relax.nn.relu": legalize_relu,
+    "relax.clip": legalize_clip,
+}
 
 
 OPS: dict[str, Callable] = {
