@@ -503,3 +503,24 @@ def test_cuda_bench_target_is_this_gpu(monkeypatch):
     with pytest.raises(ValueError, match="--target: sm_80 code does not run on this GPU"):
         bench.resolve_bench_target("cuda-sm80", 2, "--target")
     assert str(bench.resolve_bench_target("cuda-sm90", 2).attrs["arch"]) == "sm_90"
+
+
+@pytest.mark.parametrize("name", ["smoke.conv3x3_8_16_10_s1_relu", "resnet50.conv1x1_512_2048_7_s1_none",
+                                  "mobilenetv2.conv1x1_960_160_7_s1_none"])
+def test_blocked_implementation_matches_the_nchw_reference(name):
+    """The per-layer blocked kernel (NCHW8c on x86-avx2) is checked against the NCHW layer's
+    float64 reference: plain twins, and the twins with the network's residual add (ResNet's
+    residual + ReLU after a layer without activation, MobileNetV2's residual without one)."""
+    from topi_bn.bench.ops import blocked_twin, check_output
+
+    wl = W.get(name)
+    twin = blocked_twin(wl, 8)
+    assert twin is not None and twin.block == 8
+    arrays = wl.random_inputs()
+    p = bench.prepare("topi-bn blocked", wl, "x86-avx2", 1, arrays=arrays, tuning_logs=None)
+    p.run()
+    ref = wl.reference(*arrays)[0]
+    assert check_output(wl, p.output(), ref) == "ok"
+    # and the check can fail: a wrong answer is caught
+    assert check_output(wl, p.output() + 1.0, ref) != "ok"
+    assert "layout conversion" in p.side_costs

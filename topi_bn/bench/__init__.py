@@ -32,8 +32,9 @@ Adding an implementation
 ------------------------
 An implementation is one small class appended to a list; the loop, the tables (a column per
 implementation), the JSON and the plots pick it up. For instance the blocked-layout (NCHWc)
-conv kernel of issue 11, timed per layer beside the NCHW kernel on blocked inputs (as inside
-a network), with the conversion a lone layer would pay reported separately::
+conv kernel, timed per layer beside the NCHW kernel on blocked inputs (as inside a network),
+with the conversion a lone layer would pay reported separately (in full:
+:class:`topi_bn.bench.ops.TopiBnBlocked`)::
 
     class TopiBnBlocked(OpImpl):
         name, kind, ops = "topi-bn blocked", "topi-bn", ("conv2d_bn_relu",)

@@ -252,6 +252,64 @@ class TorchEager(OpImpl):
         return peers.torch_prepared(OP_FAMILIES[wl.op].torch_fn(wl, t))
 
 
+def blocked_twin(wl: W.Workload, block: int) -> W.Workload | None:
+    """The registry's blocked-layout (NCHW[x]c) kernel that a ``fused`` network build runs for
+    NCHW conv layer ``wl`` at channel block ``block``: the plain twin when the network has one,
+    else the twin with the network's residual add (ResNet's and MobileNetV2's last 1x1 conv of
+    a block)."""
+    twins = [t for t in W.list_workloads(f"{wl.name.split('.')[0]}-nchw{block}c")
+             if getattr(t, "base", None) == wl.name]
+    plain = [t for t in twins if "residual" not in t.shapes]
+    return (plain or twins or [None])[0]
+
+
+class TopiBnBlocked(OpImpl):
+    """The blocked-layout twin of an NCHW conv layer (:func:`blocked_twin`), built with the
+    run's tuning logs and timed on inputs already blocked (data NCHW[x]c, weight packed
+    OIHW[x]i[y]o once, untimed), as inside a network whose convs stay blocked. What a lone layer
+    would pay to convert its data in and its output back is timed separately (side cost
+    ``layout conversion``, NumPy). Where the network adds a residual before a ReLU the layer
+    itself lacks, the residual input is ``r = max(-y, 0) + 1`` (``y``: the float64 reference)
+    so the ReLU passes everything and the checked output is the kernel's minus ``r``."""
+
+    name = "topi-bn blocked"
+    ops = ("conv2d_bn_relu",)
+
+    def prepare(self, wl, ctx):
+        from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight
+        from ..targets import target_family
+
+        if target_family(ctx.target) == "cuda":
+            raise Unavailable("the blocked-layout kernel is CPU-only")
+        block = ChannelBlocking.for_target(ctx.target).lanes
+        twin = blocked_twin(wl, block)
+        if twin is None:
+            raise Unavailable(f"no blocked-layout twin of {wl.name} at block {block}")
+        lib, note = build_kernel(twin, ctx.target, ctx.tuning_logs)
+        x, w, *bn = ctx.arrays
+        cb, kb = twin.shapes["data"][-1], twin.shapes["weight"][-1]
+        arrays = [nchw_to_nchwc(x, cb), pack_weight(w, cb, kb, wl.params.get("groups", 1)), *bn]
+        shift = None
+        if "residual" in twin.shapes:
+            if twin.params["activation"] in (None, "none"):
+                shift = np.zeros(wl.reference(*ctx.arrays)[0].shape, np.float32)
+            else:
+                shift = (np.maximum(-wl.reference(*ctx.arrays)[0], 0) + 1).astype(np.float32)
+            arrays.append(nchw_to_nchwc(shift, kb))
+        run, out = _tvm_dps(lib, twin, arrays)
+
+        def output():
+            y = nchwc_to_nchw(out())
+            return y if shift is None else y - shift
+
+        def convert():
+            nchw_to_nchwc(x, cb)
+            nchwc_to_nchw(out())
+
+        note = f"{twin.name}: {note}"
+        return Prepared(run, output, note=note, side_costs={"layout conversion": convert})
+
+
 class OnnxRuntime(OpImpl):
     """ONNX Runtime (CPU) on a one-op graph."""
 
@@ -269,7 +327,8 @@ class OnnxRuntime(OpImpl):
 
 #: The op-level implementations, in table order. Append an :class:`OpImpl` instance to add one.
 IMPLEMENTATIONS: tuple[OpImpl, ...] = (
-    TopiBnTuned(), TopiBnUntuned(), TvmUnpacked(), TorchEager(), OnnxRuntime(),
+    TopiBnTuned(), TopiBnBlocked(), TopiBnUntuned(), TvmUnpacked(), TorchEager(),
+    OnnxRuntime(),
 )
 
 
