@@ -109,3 +109,26 @@ def test_mean_1e4_std_1(w, scheduled):
         one_pass = (flat * flat).mean(1, dtype=np.float32) - flat.mean(1, dtype=np.float32) ** 2
         ref = flat.astype(np.float64).var(1)
         assert (np.abs(one_pass - ref) / ref).max() > 1e-3
+
+
+def test_training_bn_with_a_symbolic_batch_reduced_alone():
+    """data (n, C) with n symbolic: the statistics reduce over the symbolic axis only (no
+    static axis to block), built once and run for n = 37."""
+    import tvm
+    from tvm import te
+
+    import topi_bn
+
+    n = tvm.tirx.Var("n", "int64")
+    ph = [te.placeholder((n, 8), name="data")] + [te.placeholder((8,), name=x)
+                                                  for x in ("g", "b", "rm", "rv")]
+    f = tvm.compile(te.create_prim_func(ph + list(topi_bn.batch_norm_train(*ph, axis=1))),
+                    target="llvm")
+    rng = np.random.default_rng(0)
+    a = [rng.standard_normal((37, 8)).astype("float32") + 100] + [
+        rng.uniform(0.5, 1.5, 8).astype("float32") for _ in range(4)]
+    res = [tvm.runtime.tensor(np.zeros((37, 8), "float32"))] + [
+        tvm.runtime.tensor(np.zeros(8, "float32")) for _ in range(4)]
+    f(*[tvm.runtime.tensor(x) for x in a], *res)
+    for got, want in zip(res, topi_bn.reference.batch_norm_train(*a, axis=1)):
+        assert_close(got.numpy(), want, "float32")

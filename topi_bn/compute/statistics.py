@@ -137,6 +137,13 @@ def _unflatten(u, g, lanes: int, shape: Sequence[Any]) -> list:
     suffix = [1] * (nd + 1)  # suffix[k] = product of shape[k:] (static part)
     for k in range(nd - 1, -1, -1):
         suffix[k] = suffix[k + 1] * shape[k] if isinstance(shape[k], int) else None
+    if lanes == 1 and not isinstance(shape[-1], int):
+        # a symbolic innermost axis (e.g. a symbolic batch reduced alone): plain row-major
+        idx, rem = [], u
+        for ext in reversed(shape[1:]):
+            idx.insert(0, fm(rem, ext))
+            rem = fd(rem, ext)
+        return [rem] + idx
     k = next(k for k in range(nd - 1, -1, -1) if suffix[k + 1] is not None
              and lanes % suffix[k + 1] == 0 and isinstance(shape[k], int)
              and shape[k] % (lanes // suffix[k + 1]) == 0)
