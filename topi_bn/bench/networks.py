@@ -294,7 +294,7 @@ class TopiBnBuild(NetworkImpl):
         t0 = time.perf_counter()
         mod = ctx.cached(f"import:{self.path}", lambda: IMPORT_PATHS[self.path](ctx))
         import_s = time.perf_counter() - t0
-        info = {"mode": self.mode, "path": self.path,
+        info = {"mode": self.mode, "path": self.path, "layout": self.layout,
                 **kernel_counts(*apply_bn_mode(mod, self.mode, return_report=True))}
         log, logger = _RecordLog(), logging.getLogger("topi_bn")
         level = logger.level

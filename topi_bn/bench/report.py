@@ -281,13 +281,14 @@ def format_networks(results: Sequence[Result]) -> str:
 def import_path_ratios(results: Sequence[Result]) -> list[str]:
     """Per network and mode: the ONNX build's time over the torch.export build's (the same
     model imported either way should build to the same kernels and run alike)."""
-    by = {(r.workload, r.extra.get("mode"), r.extra.get("path")): r for r in results
-          if r.timing is not None and "path" in r.extra}
+    by = {(r.workload, r.extra.get("mode"), r.extra.get("layout"), r.extra.get("path")): r
+          for r in results if r.timing is not None and "path" in r.extra}
     lines = []
-    for (net, mode, path), r in by.items():
-        other = by.get((net, mode, "torch.export"))
+    for (net, mode, layout, path), r in by.items():
+        other = by.get((net, mode, layout, "torch.export"))
         if path == "ONNX" and other is not None:
-            lines.append(f"- {net} {mode}: ONNX {r.timing.median * 1e3:.2f} ms, torch.export "
+            name = f"{mode} NCHW" if layout == "keep" else mode
+            lines.append(f"- {net} {name}: ONNX {r.timing.median * 1e3:.2f} ms, torch.export "
                          f"{other.timing.median * 1e3:.2f} ms (ONNX / torch.export "
                          f"{r.timing.median / other.timing.median:.2f}); kernels: ONNX "
                          f"[{r.note}], torch.export [{other.note}]")
