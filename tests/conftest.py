@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 
@@ -5,6 +7,29 @@ import pytest
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def model_files(tmp_path_factory):
+    """``(folder, reference)``: ``topi_bn.testing.models.tiny_conv_bn`` saved as ``tiny.pt2``
+    (torch.export.save) and ``tiny.onnx`` (opset 17, BNs kept), its input ``x.npy``
+    (1x3x8x8 float32) and PyTorch's output for it (1x4), for the ``topi-bn compile`` tests."""
+    torch = pytest.importorskip("torch")
+    from topi_bn.testing.models import tiny_conv_bn
+
+    d = tmp_path_factory.mktemp("deploy")
+    net = tiny_conv_bn().eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 3, 8, 8))
+                         .astype("float32"))
+    with torch.no_grad():
+        ref = net(x).numpy()
+    np.save(d / "x.npy", x.numpy())
+    torch.export.save(torch.export.export(net, (x,)), d / "tiny.pt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), d / "tiny.onnx", dynamo=False, opset_version=17,
+                          do_constant_folding=False)
+    return d, ref
 
 
 def pytest_collection_modifyitems(config, items):

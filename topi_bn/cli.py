@@ -148,8 +148,9 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared library to write (model.so); replaced only when the build "
                         "succeeds")
     p.add_argument("--target", default="x86",
-                   help="topi-bn target name (x86, x86-avx2, x86-avx512, ...) or TVM tag "
-                        "(default: x86, this machine)")
+                   help="topi-bn target name (x86, x86-avx2, x86-avx512, arm, ...) or TVM tag "
+                        "(arm/rasp4b64, ...; an ARM target on x86 links an aarch64 library with "
+                        "aarch64-linux-gnu-gcc) (default: x86, this machine)")
     p.add_argument("--bn", choices=BN_MODES, default="fused",
                    help="what becomes of batch-norms: fused into the conv kernels, folded into "
                         "the conv weights, unpacked by TVM, or opaque kernels (default: fused)")
@@ -161,12 +162,12 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_check(args, fail: Callable[[str], None]) -> None:
-    from .deploy import _model_format
+    from .deploy import _model_format, library_compiler
     from .targets import resolve_target
 
     try:
         _model_format(args.model, "MODEL")
-        resolve_target(args.target, arg_name="--target")
+        library_compiler(resolve_target(args.target, arg_name="--target"), "--target")
     except (ValueError, TypeError) as err:
         fail(str(err))
     out_dir = os.path.dirname(os.path.abspath(args.output))

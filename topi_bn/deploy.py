@@ -3,26 +3,32 @@
 ``topi-bn compile MODEL.onnx|EXPORTED.pt2 --target T --bn MODE -o model.so`` imports the model
 (:func:`load_model`: ONNX through :func:`topi_bn.from_onnx`, a ``torch.export.save`` file
 through :func:`topi_bn.from_exported_program`), builds it with :func:`topi_bn.build_with_report`
-(shipped tuning logs plus the user's) and writes a shared library. The library needs nothing but
-TVM's runtime::
+(shipped tuning logs plus the user's) and writes a shared library, linked by this machine's C
+compiler or, for another architecture (an ARM target on x86), by its cross compiler
+(:func:`library_compiler`: ``aarch64-linux-gnu-gcc``). The library needs nothing but TVM's
+runtime (``tvm.runtime.vm``, unlike ``tvm.relax``, works without TVM's compiler library)::
 
     import numpy as np, tvm
-    from tvm import relax
-    vm = relax.VirtualMachine(tvm.runtime.load_module("model.so"), tvm.cpu())
+    from tvm.runtime.vm import VirtualMachine
+    vm = VirtualMachine(tvm.runtime.load_module("model.so"), tvm.cpu())
     y = vm["main"](tvm.runtime.tensor(np.load("x.npy")))  # a tuple from torch.export
 
 ``topi-bn run model.so --input x.npy`` does the same (:func:`run_library`, which imports no
-compiler part of topi-bn).
+compiler part of topi-bn) for a library of this machine's architecture;
+:func:`topi_bn.arm_emulation.run_library_under_qemu` runs an aarch64 one on x86.
 """
 from __future__ import annotations
 
 import os
+import platform
 import shutil
+import struct
 import tempfile
 import warnings
 from typing import Any, Callable, Sequence
 
-__all__ = ["MODEL_FORMATS", "load_model", "compile_model", "run_library"]
+__all__ = ["MODEL_FORMATS", "load_model", "library_compiler", "compile_model",
+           "library_arch", "run_library"]
 
 #: File suffix -> what it holds.
 MODEL_FORMATS = {".onnx": "ONNX model (onnx.save)", ".pt2": "torch.export.save program"}
@@ -77,6 +83,28 @@ def _first(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def library_compiler(target: Any, arg: str = "target") -> str | None:
+    """The C compiler that links the library for ``target``: None for this machine's (TVM's
+    default), the cross compiler for another architecture (``aarch64-linux-gnu-gcc`` for the ARM
+    targets on x86; :func:`topi_bn.rpc.cross_compiler_for`).
+
+    Raises ValueError, naming ``arg``, when that cross compiler is not on PATH or none is known
+    for the target's architecture.
+    """
+    from .rpc import cross_compiler_for
+
+    try:
+        compiler = cross_compiler_for(target)
+    except ValueError as err:
+        raise ValueError(f"{arg}: {err}") from None
+    if compiler is not None and shutil.which(compiler) is None:
+        arch = compiler.split("-")[0]
+        raise ValueError(f"{arg}: building for {arch} needs the cross compiler {compiler} on "
+                         f"PATH (Debian/Ubuntu: apt-get install "
+                         f"gcc-{compiler.removesuffix('-gcc')})")
+    return compiler
+
+
 def compile_model(model: str, output: str, target: Any, bn: str = "fused",
                   tuning_logs: Sequence[str] = (), shipped: bool = True,
                   progress: Callable[[str], None] | None = None):
@@ -90,7 +118,9 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
         The library to write (``.so``); written through a temporary file beside it and moved
         into place only when complete, so a failed build leaves an existing file untouched.
     target : Target, dict or str
-        Anything :func:`topi_bn.resolve_target` accepts.
+        Anything :func:`topi_bn.resolve_target` accepts. A target of another architecture
+        (``arm``, ``arm/rasp4b64``) is linked with its cross compiler
+        (:func:`library_compiler`).
     bn : {"fused", "folded", "unpacked", "opaque"}
     tuning_logs : sequence of str
         The user's MetaSchedule log directories; they win over the shipped ones.
@@ -103,11 +133,14 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     -------
     topi_bn.build.BuildReport
     """
+    from tvm.support import cc
+
     from .build import build_with_report, shipped_log_dir
     from .targets import resolve_target, tuning_log_key
 
     say = progress or (lambda _line: None)
     target = resolve_target(target, arg_name="target")
+    compiler = library_compiler(target)
     _model_format(model, "model")
     out_dir = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(out_dir):
@@ -130,25 +163,47 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     tmp_dir = tempfile.mkdtemp(dir=out_dir, prefix=".topi-bn-")
     try:
         tmp = os.path.join(tmp_dir, os.path.basename(output))
-        ex.export_library(tmp)
+        ex.export_library(tmp, fcompile=cc.cross_compiler(compiler) if compiler else None)
         os.replace(tmp, output)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return report
 
 
+#: ELF ``e_machine`` -> the architecture's name as ``platform.machine()`` spells it on Linux.
+_ELF_MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
+
+
+def library_arch(path: str) -> str | None:
+    """The architecture the ELF shared library ``path`` is built for (``"x86_64"``,
+    ``"aarch64"``, ...; ``"ELF machine N"`` for others), or None when it is not an ELF file."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    (machine,) = struct.unpack("<H" if head[5] == 1 else ">H", head[18:20])  # EI_DATA: 1 = LE
+    return _ELF_MACHINES.get(machine, f"ELF machine {machine}")
+
+
 def run_library(library: str, inputs: Sequence[str], device: str = "cpu") -> list:
     """Run ``main`` of a library written by :func:`compile_model` on ``.npy`` inputs.
 
-    Uses TVM's runtime only (``tvm.runtime.load_module`` and the Relax VM). Returns the outputs
-    as NumPy arrays. Raises ValueError, naming the argument, for a missing or unreadable file.
+    Uses TVM's runtime only (``tvm.runtime.load_module`` and ``tvm.runtime.vm``'s Relax VM).
+    Returns the outputs as NumPy arrays. Raises ValueError, naming the argument, for a missing
+    or unreadable file and for a library of another architecture than this machine's (an
+    aarch64 one on x86: run it on the board, or under qemu with
+    :func:`topi_bn.arm_emulation.run_library_under_qemu`).
     """
     import numpy as np
     import tvm
-    from tvm import relax
+    from tvm.runtime.vm import VirtualMachine
 
     if not os.path.isfile(library):
         raise ValueError(f"library: no such file: {library!r}")
+    arch, host = library_arch(library), platform.machine().lower()
+    if arch is not None and arch != {"amd64": "x86_64", "arm64": "aarch64"}.get(host, host):
+        raise ValueError(f"library: {library!r} is built for {arch}, not for this machine "
+                         f"({host}); run it on the device, with the TVM runtime")
     arrays = []
     for path in inputs:
         if not os.path.isfile(path):
@@ -162,7 +217,7 @@ def run_library(library: str, inputs: Sequence[str], device: str = "cpu") -> lis
     except Exception as err:  # noqa: BLE001 -- TVM raises its own error kinds
         raise ValueError(f"library: cannot load {library!r} ({_first(err)})") from err
     dev = tvm.device(device)
-    vm = relax.VirtualMachine(lib, dev)
+    vm = VirtualMachine(lib, dev)
     try:
         out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in arrays])
     except Exception as err:  # noqa: BLE001 -- wrong count, shape or dtype of the inputs

@@ -5,7 +5,7 @@ can run small versions (``width=0.25``, 32x32 inputs) of the 224x224 benchmark n
 """
 from __future__ import annotations
 
-__all__ = ["resnet18", "resnet50", "mobilenet_v2", "MODELS", "randomize_bn"]
+__all__ = ["resnet18", "resnet50", "mobilenet_v2", "MODELS", "randomize_bn", "tiny_conv_bn"]
 
 
 def _torch():
@@ -35,6 +35,34 @@ def randomize_bn(model, seed: int = 0):
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
     return model
+
+
+def tiny_conv_bn(seed: int = 0):
+    """Two conv -> BN pairs and a linear head: the smallest model with something to fuse and
+    fold, for the ``topi-bn compile`` tests.
+
+    conv3x3(3->8, no bias) -> BN -> ReLU -> conv3x3/2(8->8, bias) -> BN -> ReLU6 -> mean over
+    H, W -> linear(8->4). Input ``(N, 3, H, W)``, output ``(N, 4)``.
+    """
+    torch = _torch()
+    nn = torch.nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=True)
+            self.bn2 = nn.BatchNorm2d(8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = nn.functional.relu6(self.bn2(self.conv2(y)))
+            return self.fc(y.mean((2, 3)))
+
+    torch.manual_seed(seed)
+    return randomize_bn(Tiny(), seed)
 
 
 def resnet18(num_classes: int = 10, width: float = 1.0, seed: int = 0):
