@@ -7,7 +7,8 @@ The sysroot (an aarch64 Python 3.11 with the apache-tvm runtime and numpy) is bu
 
 Kernels are cross-compiled with ``aarch64-linux-gnu-gcc`` (:func:`cross_compile`) and run by a
 small runner script executed by the aarch64 Python under ``qemu-aarch64``
-(:func:`run_under_qemu`); arrays travel as ``.npy`` files. Timings taken under emulation mean
+(:func:`run_under_qemu`); whole models compiled with ``topi-bn compile --target arm`` run through
+the runtime's Relax VM (:func:`run_library_under_qemu`); arrays travel as ``.npy`` files. Timings taken under emulation mean
 nothing; this path is for correctness only.
 """
 
@@ -158,29 +159,58 @@ def run_calls_under_qemu(so_path: str | os.PathLike,
                          timeout: float = 600) -> list[list[np.ndarray]]:
     """Several ``(func_name, inputs, output_shapes_dtypes)`` calls in one emulated process
     (saves the ~2 s start-up of the aarch64 Python per call). Returns each call's outputs."""
-    cmd, env = qemu_python(sysroot)
     with tempfile.TemporaryDirectory(prefix="topi_bn_qemu_") as tmp:
         tmp = Path(tmp)
         spec = {"so": str(Path(so_path).resolve()), "calls": []}
         for c, (func_name, inputs, outs) in enumerate(calls):
-            call = {"func": func_name, "inputs": [], "outputs": []}
-            for i, arr in enumerate(inputs):
-                p = tmp / f"c{c}_in{i}.npy"
-                np.save(p, np.ascontiguousarray(arr))
-                call["inputs"].append(str(p))
+            call = {"func": func_name, "inputs": _save_inputs(inputs, tmp, f"c{c}_"),
+                    "outputs": []}
             for i, (shape, dtype) in enumerate(outs):
                 call["outputs"].append({"path": str(tmp / f"c{c}_out{i}.npy"),
                                         "shape": [int(s) for s in shape],
                                         "dtype": str(np.dtype(dtype))})
             spec["calls"].append(call)
-        (tmp / "spec.json").write_text(json.dumps(spec))
-        proc = subprocess.run(cmd + [str(_RUNNER), str(tmp / "spec.json")], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            names = ", ".join(c[0] for c in calls)
-            raise RuntimeError(f"qemu-aarch64 run of {names} in {so_path} failed "
-                               f"(exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        _run_runner(spec, tmp, ", ".join(c[0] for c in calls), so_path, sysroot, timeout)
         return [[np.load(o["path"]) for o in call["outputs"]] for call in spec["calls"]]
+
+
+def run_library_under_qemu(so_path: str | os.PathLike, inputs: Sequence[np.ndarray],
+                           func_name: str = "main", *,
+                           sysroot: str | os.PathLike | None = None,
+                           timeout: float = 600) -> list[np.ndarray]:
+    """Run ``func_name`` of an aarch64 Relax library (``topi-bn compile --target arm``) on
+    ``inputs`` in an emulated process, with the sysroot's runtime-only TVM and its Relax VM
+    (``tvm.runtime.vm``), as :func:`topi_bn.deploy.run_library` does on the device. Returns the
+    outputs (a tuple of outputs flattened) as NumPy arrays."""
+    with tempfile.TemporaryDirectory(prefix="topi_bn_qemu_") as tmp:
+        tmp = Path(tmp)
+        spec = {"so": str(Path(so_path).resolve()),
+                "vm": {"func": func_name, "inputs": _save_inputs(inputs, tmp, ""),
+                       "out_dir": str(tmp)}}
+        _run_runner(spec, tmp, func_name, so_path, sysroot, timeout)
+        count = json.loads((tmp / "outputs.json").read_text())["count"]
+        return [np.load(tmp / f"out{i}.npy") for i in range(count)]
+
+
+def _save_inputs(inputs: Sequence[np.ndarray], tmp: Path, prefix: str) -> list[str]:
+    paths = []
+    for i, arr in enumerate(inputs):
+        p = tmp / f"{prefix}in{i}.npy"
+        np.save(p, np.ascontiguousarray(arr))
+        paths.append(str(p))
+    return paths
+
+
+def _run_runner(spec: dict, tmp: Path, what: str, so_path, sysroot, timeout: float) -> None:
+    """Run ``_qemu_runner.py`` on ``spec`` (written to ``tmp/spec.json``) under qemu-aarch64;
+    RuntimeError with its output when it fails."""
+    cmd, env = qemu_python(sysroot)
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(cmd + [str(_RUNNER), str(tmp / "spec.json")], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"qemu-aarch64 run of {what} in {so_path} failed "
+                           f"(exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
 def start_rpc_server(tracker: str, key: str, *, host: str = "127.0.0.1", port: int = 9090,
