@@ -8,8 +8,8 @@ The sysroot (an aarch64 Python 3.11 with the apache-tvm runtime and numpy) is bu
 Kernels are cross-compiled with ``aarch64-linux-gnu-gcc`` (:func:`cross_compile`) and run by a
 small runner script executed by the aarch64 Python under ``qemu-aarch64``
 (:func:`run_under_qemu`); whole models compiled with ``topi-bn compile --target arm`` run through
-the runtime's Relax VM (:func:`run_library_under_qemu`); arrays travel as ``.npy`` files. Timings taken under emulation mean
-nothing; this path is for correctness only.
+the runtime's Relax VM (:func:`run_library_under_qemu`); arrays travel as ``.npy`` files.
+Timings taken under emulation mean nothing; this path is for correctness only.
 """
 
 from __future__ import annotations
