@@ -57,6 +57,11 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rpc-key", metavar="KEY", default=None,
                    help="device key at the RPC tracker")
     p.add_argument("--seed", type=int, default=0, help="search seed (default: 0)")
+    p.add_argument("--verify", action="store_true",
+                   help="do not search: re-measure the best record of each workload in the log "
+                        "against the default schedule (timed in turns on this machine) and "
+                        "drop the tuned records that lose; a tuning run does this by itself for "
+                        "the workloads it tuned")
 
 
 def _tune_check(args, fail: Callable[[str], None]):
@@ -78,6 +83,8 @@ def _tune_check(args, fail: Callable[[str], None]):
             parse_tracker(args.rpc_tracker)
         except ValueError as err:
             fail(str(err).replace("rpc_tracker:", "--rpc-tracker:", 1))
+    if args.verify and args.rpc_tracker is not None:
+        fail("--verify measures on this machine; it does not take --rpc-tracker")
     if args.rpc_tracker is None:  # candidates are measured on this machine
         from .targets import host_can_run
 
@@ -104,6 +111,8 @@ def _check_dir(option: str, path: str, fail: Callable[[str], None]) -> None:
 def _tune_run(args) -> int:
     from .tuning import TuneConfig, tune
 
+    if args.verify:
+        return _verify_run(args, args.workloads)
     results = tune(args.target, args.workloads, args.trials, args.log_dir, args.space, args.dtype,
                    rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key,
                    config=TuneConfig(seed=args.seed))
@@ -117,6 +126,23 @@ def _tune_run(args) -> int:
         print(f"{r.workload}: {r.trials} trials, best {best}{default}")
     print(f"tuned {len(tuned)}, skipped {len(skipped)} (already at {args.trials} trials); "
           f"log: {args.log_dir}")
+    if tuned and args.rpc_tracker is None:  # measured here: check the winners against defaults
+        return _verify_run(args, [r.workload for r in tuned])
+    return 0
+
+
+def _verify_run(args, workloads) -> int:
+    from .tuning_verify import verify_log
+
+    if not os.path.isdir(args.log_dir):
+        print(f"topi-bn tune: error: --log-dir: no such directory: {args.log_dir!r}",
+              file=sys.stderr)
+        return 2
+    results = verify_log(args.target, workloads, args.log_dir, args.dtype, progress=sys.stdout)
+    timed = [r for r in results if r.record_us is not None]
+    pruned = [r for r in timed if r.status == "pruned"]
+    print(f"verified {len(results)} workload(s): {len(timed)} timed against the default "
+          f"schedule, {len(pruned)} pruned (their best record lost); log: {args.log_dir}")
     return 0
 
 

@@ -302,11 +302,17 @@ class _QuietMetaSchedule:
 def build_candidate(mod, target, _params=None):
     """MetaSchedule builder function: MetaSchedule's ``default_build`` without its
     ``import tvm.s_tir.tensor_intrin``, which costs 15-50 s in every fresh builder worker (the
-    local builder starts new workers for each batch) and is not needed to compile a schedule."""
+    local builder starts new workers for each batch) and is not needed to compile a schedule,
+    and with int32 indices where they fit, as :func:`topi_bn.build` compiles the kernel."""
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from .relax.modes import narrow_indices
+
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    # int32 indices, as the build compiles the kernel (64-bit index arithmetic made some
+    # kernels 2x slower: candidates measured with it were ranked for code no build runs)
+    mod.update_func(mod.get_global_var("main"), narrow_indices(mod["main"]))
     return tvm_build(mod, target=target)
 
 

@@ -15,7 +15,8 @@ Writing (:func:`merge_records`) happens under an exclusive ``fcntl.flock`` on
 ``<dir>/.topi_bn.lock``: the current files are copied into a private folder inside ``<dir>``, the
 new records are appended there through ``ms.database.JSONDatabase``, and the files are moved back
 with ``os.replace``. Two tuners that share a directory therefore lose no records, and a tuner
-killed mid-merge leaves the previous log intact.
+killed mid-merge leaves the previous log intact. :func:`drop_records` removes records the same
+way (``topi-bn tune --verify`` drops tuned records that lose to the default schedule).
 
 Which records apply to a build (:func:`load_logs`):
 
@@ -38,11 +39,12 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
-    "LoadedLogs", "load_logs", "merge_records", "read_manifest", "log_lock", "record_applies",
+    "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
+    "record_applies",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -346,3 +348,64 @@ def merge_records(log_dir: str, mod, records: Sequence, manifest_key: str | None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return total
+
+
+def drop_records(log_dir: str, mod, drop: Callable[[object], bool]) -> int:
+    """Remove from the log in ``log_dir`` the records of workload ``mod`` for which
+    ``drop(record)`` is true (``record``: a ``ms.database.TuningRecord``).
+
+    The other lines stay byte-identical, the workload line included. The files are rewritten
+    under the directory lock through a private copy and ``os.replace``, as :func:`merge_records`
+    does, so a failure leaves the log as it was.
+
+    Returns
+    -------
+    int
+        How many records were removed.
+
+    Raises
+    ------
+    ValueError
+        The log cannot be parsed; it is left untouched.
+    """
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    wl_path = os.path.join(log_dir, WORKLOAD_FILE)
+    rec_path = os.path.join(log_dir, RECORD_FILE)
+    with log_lock(log_dir):
+        try:
+            with open(wl_path, encoding="utf-8") as f:
+                wl_lines = f.readlines()
+            with open(rec_path, encoding="utf-8") as f:
+                rec_lines = f.readlines()
+            mine = {}
+            for i, line in enumerate(wl_lines):
+                if line.strip():
+                    wl = ms.database.Workload.from_json(json.loads(line))
+                    if tvm_ffi.structural_equal(wl.mod, mod):
+                        mine[i] = wl
+            kept, dropped = [], 0
+            for line in rec_lines:
+                if line.strip():
+                    idx, rec_json = json.loads(line)
+                    if idx in mine and drop(ms.database.TuningRecord.from_json(rec_json,
+                                                                              mine[idx])):
+                        dropped += 1
+                        continue
+                kept.append(line)
+        except Exception as err:  # noqa: BLE001 -- OSError, JSON or TVM parse errors
+            raise ValueError(f"log_dir: the tuning log in {log_dir} cannot be parsed ({err}); "
+                             f"it was not changed") from None
+        if dropped:
+            tmp = tempfile.mkdtemp(prefix=".drop-", dir=log_dir)
+            try:
+                path = os.path.join(tmp, RECORD_FILE)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.writelines(kept)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(path, rec_path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return dropped

@@ -50,7 +50,8 @@ from .registration import (
 from .report import BatchNormOutcome, BatchNormReport
 
 __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
-           "bind_params", "check_constant_batch_norms", "check_layout", "NarrowKernelIndices"]
+           "bind_params", "check_constant_batch_norms", "check_layout", "NarrowKernelIndices",
+           "narrow_indices"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 #: ``layout=`` of :func:`pipeline`, :func:`lower` and ``topi_bn.build``: ``"auto"`` runs the
@@ -425,15 +426,24 @@ class NarrowKernelIndices:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from topi_bn.schedules.common import has_topi_bn_blocks
 
-        narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
         out = None
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
                     or not has_topi_bn_blocks(func):
                 continue
             out = mod.clone() if out is None else out
-            out.update_func(gv, narrow(tvm.IRModule({"main": func}))["main"])
+            out.update_func(gv, narrow_indices(func))
         return mod if out is None else out
+
+
+def narrow_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` with int32 loop and index arithmetic when its buffers fit (as
+    :class:`NarrowKernelIndices` compiles every topi-bn kernel; the tuner measures its candidates
+    the same way), else ``func`` unchanged."""
+    if not _fits_int32(func):
+        return func
+    narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
+    return narrow(tvm.IRModule({"main": func}))["main"]
 
 
 def _fits_int32(func: tvm.tirx.PrimFunc) -> bool:

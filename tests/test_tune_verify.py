@@ -1,0 +1,190 @@
+"""``topi-bn tune --verify``: a tuned record that loses to the default schedule when both are
+re-measured in turns is dropped from the log; nothing else in the log changes."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import tvm
+
+from tuning_helpers import TARGET, WORKLOAD, copy_log, dir_digest, require_target_runs_here
+
+
+@pytest.fixture(autouse=True)
+def _runs_here():
+    require_target_runs_here()
+
+
+def _func_and_mod():
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+
+    func = workload_prim_func(WORKLOAD, target=TARGET)
+    return func, build_visible_mod(func)
+
+
+def _is_default(record, mod, func) -> bool:
+    import tvm_ffi
+
+    from topi_bn.build import schedule_prim_func
+
+    default, _ = schedule_prim_func(func, TARGET, tuning_logs=None)
+    sch = tvm.s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm_ffi.structural_equal(sch.mod["main"],
+                                    default["main"].without_attr("tirx.is_scheduled"))
+
+
+def _log_with_a_fast_tuned_record(path: str) -> str:
+    """A copy of the session's tuned log where a searched (non-default) record claims 1 ns, so it
+    is the best record whatever the tuning measured."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn.tuning_db import merge_records
+
+    log = copy_log(path)
+    func, mod = _func_and_mod()
+    records = ms.database.JSONDatabase(work_dir=log, allow_missing=False).get_all_tuning_records()
+    tuned = [r for r in records if not _is_default(r, mod, func)]
+    assert tuned, "the tuning run measured no searched candidate"
+    fake = ms.database.TuningRecord(tuned[0].trace, tuned[0].workload, [1e-9], tuned[0].target,
+                                    tuned[0].args_info)
+    merge_records(log, mod, [fake])
+    return log
+
+
+def _top(log):
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning_verify import _records
+
+    _, mod = _func_and_mod()
+    return _records(log, mod, resolve_target(TARGET))
+
+
+def test_a_record_that_loses_is_dropped_and_the_default_runs(tmp_path):
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.tuning_verify import verify_log
+
+    log = _log_with_a_fast_tuned_record(str(tmp_path / "log"))
+    func, mod = _func_and_mod()
+    before_records = _top(log)
+    assert not _is_default(before_records[0], mod, func)
+    workload_file = dir_digest(log)["database_workload.json"]
+
+    (res,) = verify_log(TARGET, WORKLOAD, log, progress=None,
+                        measure=lambda mods, args: [130.0, 100.0])
+    assert res.status == "pruned" and res.ratio == pytest.approx(1.3)
+    after_records = _top(log)
+    assert res.dropped == len(before_records) - len(after_records) >= 1
+    assert _is_default(after_records[0], mod, func)
+    assert dir_digest(log)["database_workload.json"] == workload_file
+    # the build now runs exactly the default schedule
+    chosen, _ = schedule_prim_func(func, TARGET, tuning_logs=log)
+    default, _ = schedule_prim_func(func, TARGET, tuning_logs=None)
+    import tvm_ffi
+
+    assert tvm_ffi.structural_equal(chosen["main"].without_attr("tirx.is_scheduled"),
+                                    default["main"].without_attr("tirx.is_scheduled"))
+
+
+def test_a_record_that_wins_or_ties_is_kept_and_the_log_untouched(tmp_path):
+    from topi_bn.tuning_verify import verify_log
+
+    log = _log_with_a_fast_tuned_record(str(tmp_path / "log"))
+    before = dir_digest(log)
+    for record_us in (80.0, 102.0):  # faster; slower but within the 3% tolerance
+        (res,) = verify_log(TARGET, WORKLOAD, log, progress=None,
+                            measure=lambda mods, args, us=record_us: [us, 100.0])
+        assert res.status == "kept" and res.dropped == 0
+    after = dir_digest(log)
+    for d in (before, after):
+        d.pop(".topi_bn.lock", None)
+    assert after == before
+
+
+def test_verify_times_both_builds_on_this_machine(tmp_path):
+    """The real measurement: both builds run and get a time; the log stays readable."""
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.tuning_verify import verify_log
+
+    log = _log_with_a_fast_tuned_record(str(tmp_path / "log"))
+    lines = []
+
+    class Sink:
+        def write(self, s):
+            lines.append(s)
+
+        def flush(self):
+            pass
+
+    (res,) = verify_log(TARGET, WORKLOAD, log, rounds=2, progress=Sink())
+    assert res.status in ("kept", "pruned")
+    assert res.record_us > 0 and res.default_us > 0
+    assert lines and WORKLOAD in lines[0] and "default schedule" in lines[0]
+    _, applied = schedule_prim_func(_func_and_mod()[0], TARGET, tuning_logs=log)
+    assert applied  # the default-schedule record at least is left
+
+
+def test_a_workload_without_records_is_reported(tmp_path):
+    from topi_bn.tuning_verify import verify_log
+
+    log = copy_log(str(tmp_path / "log"))
+    (res,) = verify_log(TARGET, "smoke.bn_train_4x8x6x6", log, progress=None,
+                        measure=lambda mods, args: pytest.fail("nothing to time"))
+    assert res.status == "no record"
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"rounds": 0}, ValueError, "rounds: expected a positive int"),
+    ({"tolerance": 1.5}, ValueError, r"tolerance: expected a fraction in \[0, 1\)"),
+    ({"log_dir": "/nonexistent/log"}, ValueError, "log_dir: no such directory"),
+    ({"dtype": "int8"}, ValueError, "dtype"),
+])
+def test_verify_argument_errors(kwargs, exc, match):
+    from topi_bn.tuning_verify import verify_log
+
+    kwargs = {"log_dir": "/tmp", **kwargs}
+    with pytest.raises(exc, match=match):
+        verify_log(TARGET, WORKLOAD, progress=None, **kwargs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--verify", "--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "k"],
+     "--verify measures on this machine"),
+    (["--verify", "--log-dir", "/nonexistent/log"], "--log-dir: no such directory"),
+])
+def test_cli_verify_errors(capsys, argv, message):
+    from topi_bn.cli import main
+
+    try:
+        code = main(["tune", "--target", TARGET, "--workloads", WORKLOAD, *argv])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_verify_prints_a_line_per_workload(tmp_path, capsys):
+    from topi_bn.cli import main
+
+    log = copy_log(str(tmp_path / "log"))
+    assert main(["tune", "--target", TARGET, "--workloads", WORKLOAD, "--verify",
+                 "--log-dir", log]) == 0
+    out = capsys.readouterr().out
+    assert f"{WORKLOAD}:" in out and "verified 1 workload(s)" in out
+
+
+def test_tuner_candidates_are_measured_with_int32_indices(monkeypatch):
+    """The builder compiles candidates as the build does (NarrowKernelIndices): int32 loops."""
+    from topi_bn.relax import modes
+    from topi_bn.tuning import build_candidate
+
+    func, mod = _func_and_mod()
+    narrowed = []
+    real = modes.narrow_indices
+    monkeypatch.setattr(modes, "narrow_indices", lambda f: narrowed.append(f) or real(f))
+    build_candidate(mod, tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
+    assert len(narrowed) == 1
+    # Relax emits int64 shapes and loops; the narrowed kernel has none left
+    assert "T.int64" in func.script()
+    assert "T.int64" not in real(func).script()

@@ -1,0 +1,209 @@
+"""``topi-bn tune --verify``: re-measure the records of a tuning log against the default schedule
+and drop the tuned records that lose.
+
+A tuner compares its candidates one measurement each, in the order it makes them; on a loaded
+machine a candidate that happened to run during a quiet moment can beat the default schedule by
+noise alone, and the build then runs a slower kernel than an untuned build would. This check
+builds each workload twice exactly as :func:`topi_bn.build` does, with the log and without
+(the default schedule), and times the two in turns (A B A B ...) with TVM's ``time_evaluator``,
+so a change of the machine's load hits both alike. When the log's best record is slower than the
+default by more than ``tolerance`` (ratio of the medians), the records ranked above the
+log's default-schedule record are removed from the log (all of the workload's records when it
+has none), so builds run the default schedule. The workload's other records and every other line
+of the log stay as they were (:func:`topi_bn.tuning_db.drop_records`).
+
+``topi-bn tune`` runs this check on every workload it has just tuned (not when it measures on a
+board through RPC); ``topi-bn tune --verify`` runs it alone on an existing log.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence, TextIO
+
+import numpy as np
+
+from .checks import check_choice, describe
+from .targets import check_host_can_run, resolve_target, tuning_log_key
+from .tuning import DTYPES, build_visible_mod, select_workloads, workload_prim_func
+
+__all__ = ["VerifyResult", "verify_log", "interleaved_us"]
+
+
+@dataclass
+class VerifyResult:
+    """What the check found for one workload.
+
+    ``status``: ``"kept"`` (the best record is not slower than the default schedule),
+    ``"pruned"`` (it was; ``dropped`` records were removed), ``"default best"`` (the log's best
+    record is the default schedule itself: nothing to time) or ``"no record"``."""
+
+    workload: str
+    status: str
+    record_us: float | None = None
+    default_us: float | None = None
+    dropped: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """Record time over default time (< 1: the record is faster)."""
+        if self.record_us is None or not self.default_us:
+            return None
+        return self.record_us / self.default_us
+
+
+def interleaved_us(mods: Sequence, args: Sequence, rounds: int = 7, dev=None,
+                   min_ms: float = 20.0) -> list[float]:
+    """Median microseconds per call of ``main`` of each compiled module in ``mods``, timed in
+    turns: round r times every module once (``time_evaluator`` with enough calls to last
+    ``min_ms``), so load changes during the run hit every module alike."""
+    import tvm
+
+    dev = dev or tvm.cpu()
+    evaluators = []
+    for m in mods:
+        probe = m.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
+        number = max(1, int(min_ms / 1e3 / max(probe, 1e-7)))
+        evaluators.append(m.time_evaluator("main", dev, number=number, repeat=1))
+    times = [[] for _ in mods]
+    for _ in range(rounds):
+        for ev, t in zip(evaluators, times):
+            t.append(ev(*args).mean)
+    return [float(np.median(t)) * 1e6 for t in times]
+
+
+def _arguments(workload, func, dtype: str) -> list:
+    """Random inputs of ``workload`` and empty outputs, as runtime tensors."""
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    ins = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in workload.random_inputs(dtype)]
+    infos = ArgInfo.from_prim_func(func)[len(ins):]
+    return ins + [tvm.runtime.empty(tuple(int(d) for d in a.shape), a.dtype) for a in infos]
+
+
+def _records(log_dir: str, mod, target) -> list:
+    """The log's records of ``mod`` that apply to ``target``, fastest first."""
+    from .tuning_db import load_logs
+
+    db = load_logs([log_dir], target).database
+    if not db.has_workload(mod):
+        return []
+    return list(db.get_top_k(db.commit_workload(mod), 1 << 30))
+
+
+def _replays_to(record, mod, scheduled) -> bool:
+    """Whether ``record``'s trace schedules ``mod`` into ``scheduled`` (an IRModule)."""
+    import tvm
+    import tvm_ffi
+
+    sch = tvm.s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm_ffi.structural_equal(sch.mod["main"],
+                                    scheduled["main"].without_attr("tirx.is_scheduled"))
+
+
+def _run_secs(record) -> float:
+    secs = [float(s) for s in record.run_secs or []]
+    return sum(secs) / len(secs) if secs else float("inf")
+
+
+def verify_workload(workload, log_dir: str, target, dtype: str = "float32", rounds: int = 7,
+                    tolerance: float = 0.03,
+                    measure: Callable[[list, list], list[float]] | None = None) -> VerifyResult:
+    """Check one workload of the log in ``log_dir`` (see the module docstring).
+
+    ``measure(mods, args)`` returns microseconds per call of each compiled module; default
+    :func:`interleaved_us` with ``rounds``. ``target`` is a resolved ``tvm.target.Target``."""
+    from .build import build, schedule_prim_func
+    from .tuning_db import drop_records
+
+    func = workload_prim_func(workload, dtype, target)
+    mod = build_visible_mod(func)
+    records = _records(log_dir, mod, target)
+    if not records:
+        return VerifyResult(workload.name, "no record")
+    default_mod, _ = schedule_prim_func(func, target, tuning_logs=None)
+    defaults = [r for r in records if _replays_to(r, mod, default_mod)]
+    if records[0] in defaults:
+        return VerifyResult(workload.name, "default best")
+    libs = [build(func, target, tuning_logs=[log_dir]), build(func, target, tuning_logs=None)]
+    args = _arguments(workload, func, dtype)
+    measure = measure or (lambda mods, a: interleaved_us(mods, a, rounds))
+    record_us, default_us = measure([lib.mod for lib in libs], args)
+    result = VerifyResult(workload.name, "kept", record_us, default_us)
+    if record_us > default_us * (1.0 + tolerance):
+        bar = _run_secs(defaults[0]) if defaults else float("inf")
+        result.dropped = drop_records(log_dir, mod, lambda rec: _run_secs(rec) < bar)
+        result.status = "pruned"
+    return result
+
+
+def verify_log(target="x86", workloads="all", log_dir: str | os.PathLike | None = None,
+               dtype: str = "float32", rounds: int = 7, tolerance: float = 0.03,
+               progress: TextIO | bool | None = True,
+               measure: Callable[[list, list], list[float]] | None = None) -> list[VerifyResult]:
+    """Re-measure the best record of every workload of ``workloads`` in the log ``log_dir``
+    against the default schedule on this machine, and drop the tuned records that lose (see the
+    module docstring).
+
+    Parameters
+    ----------
+    target : Target, dict or str
+        The target the log is for; this machine must run its code.
+    workloads : str or list
+        As :func:`topi_bn.tune`; workloads without a record in the log are reported and skipped.
+    log_dir : path, optional
+        Default: ``tuning_logs/<tuning_log_key(target)>`` under the current directory.
+    dtype : {"float32", "float16", "bfloat16"}
+    rounds : int
+        Timed turns of each build.
+    tolerance : float
+        A record slower than the default by more than this fraction is dropped.
+    progress : bool, text stream or None
+        One line per workload: True for stderr.
+    measure : callable, optional
+        ``measure(mods, args) -> [us, ...]`` replaces the timing (tests).
+
+    Returns
+    -------
+    list of VerifyResult
+    """
+    tgt = resolve_target(target)
+    check_host_can_run(tgt, "target")
+    dtype = check_choice("dtype", dtype, DTYPES)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
+    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance: expected a fraction in [0, 1), got {tolerance!r}")
+    if log_dir is None:
+        log_dir = os.path.join("tuning_logs", tuning_log_key(tgt))
+    log_dir = os.fspath(log_dir)
+    if not os.path.isdir(log_dir):
+        raise ValueError(f"log_dir: no such directory: {log_dir!r}")
+    if progress is True:
+        progress = sys.stderr
+    elif progress is False:
+        progress = None
+    elif progress is not None and not callable(getattr(progress, "write", None)):
+        raise TypeError(f"progress: expected a bool, None or a text stream, got "
+                        f"{describe(progress)}")
+    chosen = select_workloads(workloads, tgt)
+    results = []
+    for i, w in enumerate(chosen):
+        r = verify_workload(w, log_dir, tgt, dtype, rounds, tolerance, measure)
+        results.append(r)
+        if progress is not None:
+            progress.write(f"[verify {i + 1}/{len(chosen)}] {format_result(r)}\n")
+            progress.flush()
+    return results
+
+
+def format_result(r: VerifyResult) -> str:
+    """One line: the workload, both times and what was done."""
+    if r.record_us is None:
+        return f"{r.workload}: {r.status}"
+    what = f"dropped {r.dropped} record(s)" if r.status == "pruned" else "kept"
+    return (f"{r.workload}: best record {r.record_us:.1f} us, default schedule "
+            f"{r.default_us:.1f} us ({r.ratio:.2f}x): {what}")
