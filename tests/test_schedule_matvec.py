@@ -1,0 +1,129 @@
+"""The CPU schedule of a network's classifier (matrix-vector product + bias), which TVM's CPU
+pipeline leaves serial: what it matches, its numerics against float64, and that builds use it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from topi_bn.schedules.cpu_dense import matvec_block, schedule_matvec
+from topi_bn.targets import resolve_target
+from topi_bn.testing import TOLERANCES
+
+TARGET = "x86-avx2"  # runs on every x86 host of the project
+
+
+def _classifier(m, k, n, weight_kn=True, relu=False):
+    x = te.placeholder((m, k), name="x")
+    w = te.placeholder((k, n) if weight_kn else (n, k), name="w")
+    b = te.placeholder((n,), name="b")
+    r = te.reduce_axis((0, k), name="r")
+    if weight_kn:
+        mm = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="matmul")
+    else:
+        mm = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="matmul")
+    y = te.compute((m, n), lambda i, j: mm[i, j] + b[j], name="T_add")
+    outs = [y]
+    if relu:
+        outs = [te.compute((m, n), lambda i, j: tvm.te.max(y[i, j], 0.0), name="relu")]
+    return te.create_prim_func([x, w, b, *outs])
+
+
+def _schedule(func):
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    return sch, schedule_matvec(sch, resolve_target(TARGET))
+
+
+@pytest.mark.parametrize("m, k, n, relu", [(1, 64, 1000, False), (1, 96, 40, True),
+                                           (2, 32, 20, False)])
+def test_scheduled_classifier_matches_float64(m, k, n, relu):
+    func = _classifier(m, k, n, relu=relu)
+    sch, done = _schedule(func)
+    assert done
+    script = sch.mod.script()
+    assert "T.parallel" in script and "T.vectorized" in script
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n), (n,)))
+    ref = x.astype("float64") @ w.astype("float64") + b
+    if relu:
+        ref = np.maximum(ref, 0)
+    out = tvm.runtime.empty((m, n), "float32")
+    lib["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
+    rtol, atol = TOLERANCES["float32"]
+    np.testing.assert_allclose(out.numpy(), ref, rtol=rtol, atol=atol * np.sqrt(k))
+
+
+@pytest.mark.parametrize("func, why", [
+    (_classifier(1, 64, 1000, weight_kn=False), "weight (N, K): N is not the innermost axis"),
+    (_classifier(1, 64, 4), "N narrower than a vector"),
+])
+def test_other_products_are_left_alone(func, why):
+    sch, done = _schedule(func)
+    assert not done, why
+    import tvm_ffi
+
+    assert tvm_ffi.structural_equal(sch.mod["main"], func)
+
+
+def test_an_elementwise_function_is_not_a_product():
+    a = te.placeholder((8, 64), name="a")
+    f = te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[i, j] * 2.0, name="y")])
+    assert matvec_block(tvm.s_tir.Schedule(tvm.IRModule({"main": f}))) is None
+
+
+def test_fused_build_schedules_the_classifier(monkeypatch):
+    """A conv -> BN -> ReLU -> pool -> linear network built ``bn="fused"``: the classifier
+    PrimFunc comes out scheduled (parallel), and the output matches float64."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    import topi_bn
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 3, 3, 3)).astype("float32")
+    bn = [rng.uniform(0.5, 1.5, 16).astype("float32"), rng.standard_normal(16).astype("float32"),
+          rng.standard_normal(16).astype("float32"), rng.uniform(0.5, 1.5, 16).astype("float32")]
+    fc = rng.standard_normal((16, 64)).astype("float32")
+    fb = rng.standard_normal(64).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 3, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=(1, 1)))
+            t = bb.emit(relax.op.nn.batch_norm(c, *[relax.const(a) for a in bn], axis=1,
+                                               epsilon=1e-5, training=False))
+            r = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(t, 0))))
+            p = bb.emit(relax.op.mean(r, axis=[2, 3]))
+            y = bb.emit(relax.op.add(relax.op.matmul(p, relax.const(fc)), relax.const(fb)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    import topi_bn.schedules.cpu_dense as cpu_dense
+
+    scheduled = []
+    real = cpu_dense.schedule_matvec
+
+    def spy(sch, target):
+        done = real(sch, target)
+        if done:
+            scheduled.append(sch.mod["main"])
+        return done
+
+    monkeypatch.setattr(cpu_dense, "schedule_matvec", spy)
+    ex = topi_bn.build(bb.get(), TARGET, bn="fused")
+    assert len(scheduled) == 1  # the classifier, and nothing else
+    assert "T.parallel" in scheduled[0].script()
+    xin = rng.standard_normal((1, 3, 8, 8)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xin)).numpy()
+
+    import torch
+
+    xt = torch.from_numpy(xin.astype("float64"))
+    h = torch.nn.functional.conv2d(xt, torch.from_numpy(w.astype("float64")), padding=1)
+    g, beta, mean, var = (torch.from_numpy(a.astype("float64")) for a in bn)
+    h = (h - mean[:, None, None]) / torch.sqrt(var[:, None, None] + 1e-5) * g[:, None, None] \
+        + beta[:, None, None]
+    ref = (torch.relu(h).mean((2, 3)) @ torch.from_numpy(fc.astype("float64"))
+           + torch.from_numpy(fb.astype("float64"))).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
