@@ -129,6 +129,25 @@ def test_json_is_read_by_pytest_benchmark_compare(tmp_path):
     assert "smoke.layer_norm_16x64[TVM unpacked]" in proc.stdout
 
 
+def test_summary_rows_show_the_blocked_kernel_beside_the_primary_one():
+    """The at-a-glance chart rates the blocked-layout conv (what networks run) too, not only
+    the NCHW kernel; untuned runs are left to the per-workload chart."""
+    from topi_bn.bench.plots import _summary_rows
+
+    def r(impl, kind, secs):
+        return bench.Result("smoke.conv", "conv2d_bn_relu", impl, kind,
+                            timing=bench.Timing([secs] * 3, 1), check="ok")
+
+    res = [r("topi-bn tuned", "topi-bn", 2e-3), r("topi-bn blocked", "topi-bn", 1e-3),
+           r("topi-bn untuned", "topi-bn", 3e-3), r("torch", "peer", 1.5e-3)]
+    bench.compute_speedups(res)
+    rows = dict(_summary_rows(res, []))
+    assert list(rows) == ["conv2d_bn_relu (geomean of 1, topi-bn tuned)",
+                          "conv2d_bn_relu (geomean of 1, topi-bn blocked)"]
+    assert rows["conv2d_bn_relu (geomean of 1, topi-bn tuned)"] == {"torch": pytest.approx(0.75)}
+    assert rows["conv2d_bn_relu (geomean of 1, topi-bn blocked)"] == {"torch": pytest.approx(1.5)}
+
+
 def test_add_bench_parser_wires_a_subcommand():
     parser = argparse.ArgumentParser(prog="topi-bn")
     sub = parser.add_subparsers(dest="command")

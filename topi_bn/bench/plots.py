@@ -63,12 +63,17 @@ def write_plot(results: Sequence[Result], path: str, title: str = "") -> str:
 
 
 def _summary_rows(ops: Sequence[Result], networks: Sequence[Result]):
-    """``(row label, {other impl: speedup})`` for the op geomeans, then the networks."""
+    """``(row label, {other impl: speedup})`` for the op geomeans (of the primary topi-bn
+    implementation, then of the other topi-bn ones that ran but ``untuned``: the blocked
+    kernel), then the networks."""
     rows = []
-    impl = primary_impl(ops)
-    for op, d in geomean_speedups(ops, impl).items():
-        if d["speedup_vs"]:
-            rows.append((f"{op} (geomean of {d['n']}, {impl})", d["speedup_vs"]))
+    first = primary_impl(ops)
+    ran = {r.impl for r in ops if r.timing is not None and r.kind == "topi-bn"}
+    for impl in [first] + sorted(ran - {first, "topi-bn untuned"}):
+        for op, d in geomean_speedups(ops, impl).items():
+            vs = {o: x for o, x in d["speedup_vs"].items() if not o.startswith("topi-bn")}
+            if vs:
+                rows.append((f"{op} (geomean of {d['n']}, {impl})", vs))
     for r in networks:
         if r.timing is not None and r.kind == "topi-bn" and r.extra.get("mode") in (
                 "fused", "folded"):
