@@ -32,7 +32,7 @@ from .checks import check_choice, check_writable_dir, describe
 from .targets import check_host_can_run, resolve_target, tuning_log_key, with_gpu_limits
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
-           "select_workloads", "build_visible_mod", "default_record"]
+           "select_workloads", "build_visible_mod", "default_record", "progress_stream"]
 
 SPACES = ("template", "auto")
 #: Element types ``tune`` tunes for.
@@ -214,6 +214,19 @@ def _check_trials(trials) -> int:
 
 
 # -- progress -------------------------------------------------------------------------------------
+def progress_stream(progress) -> TextIO | None:
+    """Where progress lines go: True -> stderr, False/None -> nowhere, or the text stream given
+    (TypeError naming ``progress`` otherwise)."""
+    if progress is True:
+        return sys.stderr
+    if progress is False or progress is None:
+        return None
+    if not callable(getattr(progress, "write", None)):
+        raise TypeError(f"progress: expected a bool, None or a text stream, got "
+                        f"{describe(progress)}")
+    return progress
+
+
 def _fmt_secs(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -420,13 +433,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
 
     from .schedules.common import strip_rules, template_space
 
-    if progress is True:
-        progress = sys.stderr
-    elif progress is False:
-        progress = None
-    elif progress is not None and not callable(getattr(progress, "write", None)):
-        raise TypeError(f"progress: expected a bool, None or a text stream, got "
-                        f"{describe(progress)}")
+    progress = progress_stream(progress)
     # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
     tgt = with_gpu_limits(resolve_target(target))
     if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute

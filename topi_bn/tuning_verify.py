@@ -18,15 +18,15 @@ board through RPC); ``topi-bn tune --verify`` runs it alone on an existing log.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
-from .checks import check_choice, describe
+from .checks import check_choice
 from .targets import check_host_can_run, resolve_target, tuning_log_key
-from .tuning import DTYPES, build_visible_mod, select_workloads, workload_prim_func
+from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
+                     workload_prim_func)
 
 __all__ = ["VerifyResult", "verify_log", "interleaved_us"]
 
@@ -182,13 +182,7 @@ def verify_log(target="x86", workloads="all", log_dir: str | os.PathLike | None 
     log_dir = os.fspath(log_dir)
     if not os.path.isdir(log_dir):
         raise ValueError(f"log_dir: no such directory: {log_dir!r}")
-    if progress is True:
-        progress = sys.stderr
-    elif progress is False:
-        progress = None
-    elif progress is not None and not callable(getattr(progress, "write", None)):
-        raise TypeError(f"progress: expected a bool, None or a text stream, got "
-                        f"{describe(progress)}")
+    progress = progress_stream(progress)
     chosen = select_workloads(workloads, tgt)
     results = []
     for i, w in enumerate(chosen):
