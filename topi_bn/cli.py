@@ -94,6 +94,8 @@ def _tune_check(args, fail: Callable[[str], None]):
                  f"such a machine, or on a board through --rpc-tracker HOST:PORT --rpc-key KEY")
     if args.log_dir is None:
         args.log_dir = f"tuning_logs/{tuning_log_key(target)}"
+    if args.verify and not os.path.isdir(args.log_dir):
+        fail(f"--log-dir: no such directory: {args.log_dir!r} (--verify checks an existing log)")
     _check_dir("--log-dir", args.log_dir, fail)
     return target
 
@@ -134,10 +136,6 @@ def _tune_run(args) -> int:
 def _verify_run(args, workloads) -> int:
     from .tuning_verify import verify_log
 
-    if not os.path.isdir(args.log_dir):
-        print(f"topi-bn tune: error: --log-dir: no such directory: {args.log_dir!r}",
-              file=sys.stderr)
-        return 2
     results = verify_log(args.target, workloads, args.log_dir, args.dtype, progress=sys.stdout)
     timed = [r for r in results if r.record_us is not None]
     pruned = [r for r in timed if r.status == "pruned"]

@@ -44,7 +44,7 @@ from typing import Callable, Iterator, Sequence
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
     "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
-    "record_applies",
+    "record_applies", "run_time",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -177,7 +177,8 @@ def _lines(nums: list[int]) -> str:
     return shown + (f" and {len(nums) - 10} more" if len(nums) > 10 else "")
 
 
-def _run_time(rec) -> float:
+def run_time(rec) -> float:
+    """A record's mean measured seconds (inf when it has none)."""
     secs = [float(s) for s in (rec.run_secs or [])]
     return sum(secs) / len(secs) if secs else float("inf")
 
@@ -249,7 +250,7 @@ def _read_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
             for rec in records:
                 if not record_applies(rec.target, target):
                     skipped["other_target"] += 1
-                elif _run_time(rec) >= _FAILED_SECS:
+                elif run_time(rec) >= _FAILED_SECS:
                     skipped["failed"] += 1
                 else:
                     usable.append(rec)

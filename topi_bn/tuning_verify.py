@@ -104,11 +104,6 @@ def _replays_to(record, mod, scheduled) -> bool:
                                     scheduled["main"].without_attr("tirx.is_scheduled"))
 
 
-def _run_secs(record) -> float:
-    secs = [float(s) for s in record.run_secs or []]
-    return sum(secs) / len(secs) if secs else float("inf")
-
-
 def verify_workload(workload, log_dir: str, target, dtype: str = "float32", rounds: int = 7,
                     tolerance: float = 0.03,
                     measure: Callable[[list, list], list[float]] | None = None) -> VerifyResult:
@@ -117,7 +112,7 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
     ``measure(mods, args)`` returns microseconds per call of each compiled module; default
     :func:`interleaved_us` with ``rounds``. ``target`` is a resolved ``tvm.target.Target``."""
     from .build import build, schedule_prim_func
-    from .tuning_db import drop_records
+    from .tuning_db import drop_records, run_time
 
     func = workload_prim_func(workload, dtype, target)
     mod = build_visible_mod(func)
@@ -134,8 +129,8 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
     record_us, default_us = measure([lib.mod for lib in libs], args)
     result = VerifyResult(workload.name, "kept", record_us, default_us)
     if record_us > default_us * (1.0 + tolerance):
-        bar = _run_secs(defaults[0]) if defaults else float("inf")
-        result.dropped = drop_records(log_dir, mod, lambda rec: _run_secs(rec) < bar)
+        bar = run_time(defaults[0]) if defaults else float("inf")
+        result.dropped = drop_records(log_dir, mod, lambda rec: run_time(rec) < bar)
         result.status = "pruned"
     return result
 
