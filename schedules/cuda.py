@@ -569,13 +569,20 @@ class BatchNormTrainKnobs:
         return cls(tx=tx, ty=ty, total_threads=total)
 
 
-def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
-    limits = GpuLimits.from_target(target)
+def _stats_op_blocks(sch, norm, prefix: str):
+    """``(blocks, statistics blocks, (G, K, B))`` of a training-BN (``prefix="bn"``) or
+    layer_norm (``"ln"``) function whose anchor is ``norm``, with its producers and elementwise
+    consumers inlined first."""
     b = op_blocks(sch, norm)
     _inline_producers(sch, b)
     inline_consumers(sch, norm)
-    st = stats_blocks(b, "bn")
-    G, K, _ = _stat_extents(sch, st)
+    st = stats_blocks(b, prefix)
+    return b, st, _stat_extents(sch, st)
+
+
+def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
+    limits = GpuLimits.from_target(target)
+    b, st, (G, K, _) = _stats_op_blocks(sch, norm, "bn")
     channels = int(sch.get(b["bn_var"]).iter_vars[0].dom.extent)
     # channels last: the chunk buffers are (j, g, c) and the channel is the contiguous axis
     norm_iters = sch.get(norm).iter_vars
@@ -613,8 +620,7 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     for blk in (st["group", "mean"], st["group", "lo"], st["group", "sq"]):
         # loops under bx: the block's spatial iters (units and the tx-long part), then j
         *sp, jr = list(sch.get_loops(blk))[1:]
-        x_part = next(lp for lp in sp if _extent(sch, lp) > 1) if any(
-            _extent(sch, lp) > 1 for lp in sp) else sp[-1]
+        x_part = next((lp for lp in sp if _extent(sch, lp) > 1), sp[-1])
         r_y, r_s = _split_rows(sch, jr, ty)
         sch.reorder(x_part, r_y, r_s)
         _bind(sch, [(x_part, "threadIdx.x"), (r_y, "threadIdx.y")])
@@ -716,11 +722,7 @@ def _split_rows(sch, loop, ty):
 
 def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b = op_blocks(sch, norm)
-    _inline_producers(sch, b)
-    inline_consumers(sch, norm)
-    st = stats_blocks(b, "ln")
-    G, K, B = _stat_extents(sch, st)
+    b, st, (G, K, B) = _stats_op_blocks(sch, norm, "ln")
     n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3
     rows = 1
     for iv in sch.get(norm).iter_vars[:n_rows]:
