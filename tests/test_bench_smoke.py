@@ -205,7 +205,13 @@ def test_tiny_network_runner():
     assert onnx["conv_kernels"] == 3 and onnx["conv_tvm"] == 0
     table = format_networks(results)
     assert "| tiny | torch |" in table and "BN 3: fused 3, folded 0, separate 0" in table
-    assert any(line.startswith("- tiny fused: ONNX") for line in import_path_ratios(results))
+    # the ONNX build is timed in turns with the torch.export build of its mode
+    turns = onnx["in_turns_ms"]
+    assert set(turns) == {"ONNX", "torch.export"} and all(v > 0 for v in turns.values())
+    assert onnx["in_turns_ms"]["ONNX"] == pytest.approx(
+        by["topi-bn fused (ONNX)"].timing.median * 1e3)
+    line, = [ln for ln in import_path_ratios(results) if ln.startswith("- tiny fused: ONNX")]
+    assert "timed in turns" in line
 
 
 def test_a_failing_network_is_a_row():
@@ -543,3 +549,17 @@ def test_blocked_implementation_matches_the_nchw_reference(name):
     # and the check can fail: a wrong answer is caught
     assert check_output(wl, p.output() + 1.0, ref) != "ok"
     assert "layout conversion" in p.side_costs
+
+
+def test_time_in_turns_alternates_and_keeps_rounds():
+    """Every round times each callable once, in the order given, and each gets its own
+    per-call time."""
+    from topi_bn.bench.timing import time_in_turns
+
+    calls = []
+    t = time_in_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                      rounds=3, min_round_ms=0.0, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert set(t) == {"a", "b"} and all(len(x.data) == 3 and x.number == 1 for x in t.values())
+    with pytest.raises(ValueError, match="rounds"):
+        time_in_turns({"a": lambda: None}, rounds=0)

@@ -31,6 +31,9 @@ Each build row shows its kernels (:func:`kernel_counts`, from the passes' own re
 many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded
 into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
+The ONNX build of a mode is timed in turns with the torch.export build of the same mode
+(:func:`topi_bn.bench.timing.time_in_turns`), so their ratio is not the drift of the machine
+between two timings.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from .runner import (
     run_cases,
 )
 from .threads import set_threads
+from .timing import Timing, time_in_turns
 
 __all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "NetworkImpl",
            "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
@@ -132,6 +136,13 @@ class NetContext:
         if key not in self._cache:
             self._cache[key] = make()
         return self._cache[key]
+
+    def put(self, key: str, value: Any) -> None:
+        self._cache[key] = value
+
+    def take(self, key: str) -> Any:
+        """The value put under ``key`` (removed from the context), or None."""
+        return self._cache.pop(key, None)
 
     def onnx_bytes(self) -> bytes:
         """The model as ONNX (:func:`topi_bn.bench.peers.export_onnx`), made once."""
@@ -311,8 +322,26 @@ class TopiBnBuild(NetworkImpl):
         if self.mode != "unpacked":
             info.update(_tuning_summary(log.messages))
         info["import_s"] = import_s
-        return Prepared(*tvm_vm(ex, [ctx.x]), build_s=build_s, info=info,
-                        note=format_counts(info))
+        run, output = tvm_vm(ex, [ctx.x])
+        # the same model through both paths is timed in turns (the ONNX build's case times
+        # the torch.export build of its mode beside it): the paths' difference is smaller
+        # than the drift between two whole-network timings taken minutes apart
+        key, timer = f"run:{self.mode}:{self.layout}", None
+        if self.path == "torch.export":
+            ctx.put(key, run)
+        elif (export_run := ctx.take(key)) is not None:
+            timer = functools.partial(_time_beside_export, run, export_run, info)
+        return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
+                        timer=timer)
+
+
+def _time_beside_export(run, export_run, info: dict, rounds: int,
+                        min_round_ms: float) -> Timing:
+    """Time an ONNX build in turns with the torch.export build of its mode; the medians of
+    both go to ``info["in_turns_ms"]``, the ONNX build's timing is returned."""
+    t = time_in_turns({"ONNX": run, "torch.export": export_run}, rounds, min_round_ms)
+    info["in_turns_ms"] = {path: t[path].median * 1e3 for path in t}
+    return t["ONNX"]
 
 
 class TorchEager(NetworkImpl):

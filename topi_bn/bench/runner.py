@@ -213,6 +213,7 @@ def run_cases(cases: Iterable[Case], cfg: BenchConfig,
             else:
                 warmup = 2 if case.warmup is None else case.warmup
                 r.timing = time_callable(p.run, rounds, min_ms, warmup)
+            r.extra.update(p.info)  # what the timer added
             for name, fn in p.side_costs.items():
                 r.extra.setdefault("side_costs_s", {})[name] = \
                     time_callable(fn, rounds, min_ms).median

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Timing", "time_callable", "bandwidth_ceiling"]
+__all__ = ["Timing", "time_callable", "time_in_turns", "bandwidth_ceiling"]
 
 
 @dataclass
@@ -95,6 +95,32 @@ def time_callable(fn: Callable[[], Any], rounds: int = 7, min_round_ms: float = 
             fn()
         data.append((time.perf_counter() - t0) / number)
     return Timing(data, number)
+
+
+def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
+                  min_round_ms: float = 25.0, warmup: int = 2) -> dict[str, Timing]:
+    """Time several callables in turns: each round times every one of ``fns`` once, one after
+    the other (as :func:`time_callable` times one), so that a slow spell of the machine falls on
+    all of them alike. For comparing implementations whose difference is smaller than the
+    drift between two timings taken minutes apart (whole networks on a shared VM)."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    numbers = {}
+    for name, fn in fns.items():
+        once = 0.0
+        for _ in range(warmup):
+            t0 = time.perf_counter()
+            fn()
+            once = time.perf_counter() - t0
+        numbers[name] = rounds_number(once, min_round_ms) if warmup else 1
+    data: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(numbers[name]):
+                fn()
+            data[name].append((time.perf_counter() - t0) / numbers[name])
+    return {name: Timing(data[name], numbers[name]) for name in fns}
 
 
 def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None = None) -> dict:
