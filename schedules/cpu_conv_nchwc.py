@@ -142,7 +142,10 @@ class NchwcConvConfig:
             most = cls.max_positions(s, p, kt)
             for th in _divisors(s.out_h, min(4, most)):
                 for tw in range(1, most // th + 1):
-                    key = (_tile_cost(kt, th, tw, s.out_w), -kt * th * tw, th)
+                    # at equal cost and size: fewer channel blocks (a smaller slice of the
+                    # weights streamed per tile: 2x2 positions x 2 blocks beat 1x2 x 4 blocks
+                    # by 5-12% on 14-wide maps), then fewer rows
+                    key = (_tile_cost(kt, th, tw, s.out_w), -kt * th * tw, kt, th)
                     if best is None or key < best[0]:
                         best = (key, kt, th, tw)
         _, kt, th, tw = best
