@@ -180,7 +180,7 @@ def test_tiny_network_runner():
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
     from topi_bn.bench import networks as nb
-    from topi_bn.bench.report import format_networks, import_path_ratios
+    from topi_bn.bench.report import format_networks, fused_folded_ratios, import_path_ratios
 
     cfg = bench.BenchConfig.smoke(threads=1)
     impls = ("topi-bn fused (torch.export)", "topi-bn fused (ONNX)",
@@ -212,6 +212,11 @@ def test_tiny_network_runner():
         by["topi-bn fused (ONNX)"].timing.median * 1e3)
     line, = [ln for ln in import_path_ratios(results) if ln.startswith("- tiny fused: ONNX")]
     assert "timed in turns" in line
+    # and the folded build with the fused one
+    turns = by["topi-bn folded (torch.export)"].extra["in_turns_ms"]
+    assert set(turns) == {"fused", "folded"} and all(v > 0 for v in turns.values())
+    line, = fused_folded_ratios(results)
+    assert line.startswith("- tiny: fused") and "timed in turns" in line
 
 
 def test_a_failing_network_is_a_row():

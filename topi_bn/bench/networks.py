@@ -31,9 +31,9 @@ Each build row shows its kernels (:func:`kernel_counts`, from the passes' own re
 many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded
 into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
-The ONNX build of a mode is timed in turns with the torch.export build of the same mode
-(:func:`topi_bn.bench.timing.time_in_turns`), so their ratio is not the drift of the machine
-between two timings.
+The ONNX build of a mode is timed in turns with the torch.export build of the same mode, and
+the folded torch.export build with the fused one (:func:`topi_bn.bench.timing.time_in_turns`),
+so their ratios are not the drift of the machine between two timings.
 """
 from __future__ import annotations
 
@@ -140,9 +140,9 @@ class NetContext:
     def put(self, key: str, value: Any) -> None:
         self._cache[key] = value
 
-    def take(self, key: str) -> Any:
-        """The value put under ``key`` (removed from the context), or None."""
-        return self._cache.pop(key, None)
+    def get(self, key: str) -> Any:
+        """The value put or made under ``key``, or None."""
+        return self._cache.get(key)
 
     def onnx_bytes(self) -> bytes:
         """The model as ONNX (:func:`topi_bn.bench.peers.export_onnx`), made once."""
@@ -323,25 +323,40 @@ class TopiBnBuild(NetworkImpl):
             info.update(_tuning_summary(log.messages))
         info["import_s"] = import_s
         run, output = tvm_vm(ex, [ctx.x])
-        # the same model through both paths is timed in turns (the ONNX build's case times
-        # the torch.export build of its mode beside it): the paths' difference is smaller
-        # than the drift between two whole-network timings taken minutes apart
-        key, timer = f"run:{self.mode}:{self.layout}", None
+        # Builds whose difference is smaller than the drift between two whole-network timings
+        # taken minutes apart are timed in turns with the build they are compared with: an
+        # ONNX build with the torch.export build of its mode, the folded torch.export build
+        # with the fused one.
         if self.path == "torch.export":
-            ctx.put(key, run)
-        elif (export_run := ctx.take(key)) is not None:
-            timer = functools.partial(_time_beside_export, run, export_run, info)
+            ctx.put(f"run:{self.mode}:{self.layout}", run)
+        timer = None
+        partner = self._partner()
+        if partner is not None and (other := ctx.get(partner[1])) is not None:
+            timer = functools.partial(_time_in_turns_with, run, other, (self._label(),
+                                                                           partner[0]), info)
         return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
                         timer=timer)
 
+    def _label(self) -> str:
+        return self.path if self.path == "ONNX" else self.mode
 
-def _time_beside_export(run, export_run, info: dict, rounds: int,
+    def _partner(self) -> tuple[str, str] | None:
+        """(label, context key) of the build this one is timed in turns with, if any."""
+        if self.path == "ONNX":
+            return "torch.export", f"run:{self.mode}:{self.layout}"
+        if self.mode == "folded" and self.layout == "auto":
+            return "fused", "run:fused:auto"
+        return None
+
+
+def _time_in_turns_with(run, other, labels: tuple[str, str], info: dict, rounds: int,
                         min_round_ms: float) -> Timing:
-    """Time an ONNX build in turns with the torch.export build of its mode; the medians of
-    both go to ``info["in_turns_ms"]``, the ONNX build's timing is returned."""
-    t = time_in_turns({"ONNX": run, "torch.export": export_run}, rounds, min_round_ms)
-    info["in_turns_ms"] = {path: t[path].median * 1e3 for path in t}
-    return t["ONNX"]
+    """Time ``run`` in turns with ``other`` (labels: this build's, the other's); both
+    medians go to ``info["in_turns_ms"]``, this build's timing is returned."""
+    mine, theirs = labels
+    t = time_in_turns({mine: run, theirs: other}, rounds, min_round_ms)
+    info["in_turns_ms"] = {label: t[label].median * 1e3 for label in t}
+    return t[mine]
 
 
 class TorchEager(NetworkImpl):

@@ -19,7 +19,8 @@ from .threads import host_threads
 from .timing import Timing
 
 __all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
-           "geomean_speedups", "format_networks", "import_path_ratios", "results_markdown",
+           "geomean_speedups", "format_networks", "import_path_ratios", "fused_folded_ratios",
+           "results_markdown",
            "entry_name"]
 
 
@@ -300,6 +301,19 @@ def import_path_ratios(results: Sequence[Result]) -> list[str]:
     return lines
 
 
+def fused_folded_ratios(results: Sequence[Result]) -> list[str]:
+    """Per network: the fused build's time over the folded build's (torch.export, blocked
+    layout), from their timing in turns (:func:`topi_bn.bench.networks`)."""
+    lines = []
+    for r in results:
+        turns = r.extra.get("in_turns_ms") if r.timing is not None else None
+        if turns and set(turns) == {"fused", "folded"}:
+            lines.append(f"- {r.workload}: fused {turns['fused']:.2f} ms, folded "
+                         f"{turns['folded']:.2f} ms (fused / folded "
+                         f"{turns['fused'] / turns['folded']:.3f}, timed in turns)")
+    return lines
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -358,4 +372,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         ratios = import_path_ratios(networks)
         if ratios:
             lines += ["The same model through both import paths:", "", *ratios, ""]
+        ratios = fused_folded_ratios(networks)
+        if ratios:
+            lines += ["Fused and folded builds (torch.export, blocked layout):", "", *ratios,
+                      ""]
     return "\n".join(lines)
