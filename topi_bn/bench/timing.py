@@ -75,44 +75,21 @@ def time_callable(fn: Callable[[], Any], rounds: int = 7, min_round_ms: float = 
     so fast kernels are not timed at the clock's resolution. ``warmup=0`` (a call too slow to
     repeat, already made once by the caller) times one call per round.
     """
-    if rounds < 1:
-        raise ValueError(f"rounds: expected >= 1, got {rounds}")
-    if warmup < 0:
-        raise ValueError(f"warmup: expected >= 0, got {warmup}")
-    once, spent = 0.0, 0.0
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        once = time.perf_counter() - t0
-        spent += once
-        if spent > 1.0:  # a slow kernel: one-time costs are small next to its run time
-            break
-    number = rounds_number(once, min_round_ms) if warmup else 1
-    data = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        data.append((time.perf_counter() - t0) / number)
-    return Timing(data, number)
+    return time_in_turns({"fn": fn}, rounds, min_round_ms, warmup)["fn"]
 
 
 def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
                   min_round_ms: float = 25.0, warmup: int = 2) -> dict[str, Timing]:
-    """Time several callables in turns: each round times every one of ``fns`` once, one after
-    the other (as :func:`time_callable` times one), so that a slow spell of the machine falls on
-    all of them alike. For comparing implementations whose difference is smaller than the
-    drift between two timings taken minutes apart (whole networks on a shared VM)."""
+    """Time several callables in turns: each is warmed up and gets its ``number`` as in
+    :func:`time_callable`, then each round times every one of ``fns`` once, one after the
+    other, so that a slow spell of the machine falls on all of them alike. For comparing
+    implementations whose difference is smaller than the drift between two timings taken
+    minutes apart (whole networks on a shared VM)."""
     if rounds < 1:
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
-    numbers = {}
-    for name, fn in fns.items():
-        once = 0.0
-        for _ in range(warmup):
-            t0 = time.perf_counter()
-            fn()
-            once = time.perf_counter() - t0
-        numbers[name] = rounds_number(once, min_round_ms) if warmup else 1
+    if warmup < 0:
+        raise ValueError(f"warmup: expected >= 0, got {warmup}")
+    numbers = {name: _warm_up(fn, warmup, min_round_ms) for name, fn in fns.items()}
     data: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -121,6 +98,20 @@ def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
                 fn()
             data[name].append((time.perf_counter() - t0) / numbers[name])
     return {name: Timing(data[name], numbers[name]) for name in fns}
+
+
+def _warm_up(fn: Callable[[], Any], warmup: int, min_round_ms: float) -> int:
+    """Make ``warmup`` untimed calls (fewer once they have taken a second: a slow kernel's
+    one-time costs are small next to its run time); the calls per round (1 without warm-up)."""
+    once, spent = 0.0, 0.0
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t0
+        spent += once
+        if spent > 1.0:
+            break
+    return rounds_number(once, min_round_ms) if warmup else 1
 
 
 def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None = None) -> dict:
