@@ -568,3 +568,65 @@ def test_default_tile_prefers_fewer_channel_blocks_at_equal_cost():
                    depthwise=False, in_elems=32 * 16 * 16 * 8, weight_elems=256 * 256 * 9)
     cfg = NchwcConvConfig.default(s, p)
     assert (cfg.oc_blocks, cfg.tile_h, cfg.tile_w) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("dtype,case", [("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
+                         + [("float16", CASES[2])],
+                         ids=lambda v: v if isinstance(v, str) else v[0])
+def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case):
+    """The schedule with input-channel blocks outermost in a task (``k_outer``: the task's
+    output accumulated block by block in a buffer), forced on every conv of the cases (the
+    default picks it only for maps and channel counts larger than a test's), against float64."""
+    _need_avx2()
+    import dataclasses
+
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+
+    default = NchwcConvConfig.default
+
+    def k_outer(s, p):
+        cfg = default(s, p)
+        return cfg if s.depthwise else dataclasses.replace(
+            cfg, k_outer=True, task_rows=s.out_h, rows_outer=False)
+
+    monkeypatch.setattr(NchwcConvConfig, "default", staticmethod(k_outer))
+    arrays, kwargs = _case(rng, case, dtype)
+    ph = _placeholders(arrays)
+    out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
+    mod = tvm.IRModule({"main": te.create_prim_func(list(ph.values()) + [out])})
+    from topi_bn.schedules import apply_default_schedules
+
+    sch = tvm.s_tir.Schedule(apply_default_schedules(mod, "x86-avx2"))
+    conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("conv_update"))]
+    act_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("bn_act"))]
+    shared = [lp for lp in conv_loops if any(lp.same_as(a) for a in act_loops)]
+    assert len(shared) == 1 and int(shared[0].kind) == int(tvm.tirx.ForKind.PARALLEL)  # the task
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
+                    schedule=True)
+    _check(got, arrays, kwargs, dtype)
+
+
+def test_input_blocks_outermost_on_small_maps_only():
+    """The default puts input-channel blocks outermost on ResNet-50's 7x7 maps (weights of up
+    to 9 MB read from memory once a run) and not where the input does not fit in half the L2
+    (the 1x1 stride-2 conv with 1024 input channels at 14x14) or the output of a task not in
+    half the L1 (28x28 maps)."""
+    from topi_bn import workloads
+    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+    from topi_bn.tuning import workload_prim_func
+
+    target = resolve_target("x86-avx2")
+    p = cpu_params(target)
+
+    def cfg(name):
+        w = workloads.get(f"resnet50.{name}.nchw8c")
+        return NchwcConvConfig.default(_conv_shape(workload_prim_func(w, "float32", target)), p)
+
+    for name in ("conv3x3_512_512_7_s1_relu", "conv1x1_2048_512_7_s1_relu",
+                 "conv1x1_512_2048_7_s1_relu_res"):
+        c = cfg(name)
+        assert c.k_outer and c.task_rows == 7 and not c.rows_outer, (name, c)
+    for name in ("conv1x1_1024_2048_14_s2_none", "conv3x3_128_128_28_s1_relu",
+                 "conv1x1_64_64_56_s1_relu"):
+        assert not cfg(name).k_outer, name
