@@ -188,3 +188,33 @@ def test_tuner_candidates_are_measured_with_int32_indices(monkeypatch):
     # Relax emits int64 shapes and loops; the narrowed kernel has none left
     assert "T.int64" in func.script()
     assert "T.int64" not in real(func).script()
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_interleaved_timing_flushes_all_but_the_data_input(flush):
+    """Records are verified as kernels run in a network: the caches flushed before every call
+    except of the first argument (the data input, warm from the previous kernel), one call per
+    flush; ``flush_caches=False`` times back-to-back calls."""
+    from topi_bn.tuning_verify import interleaved_us
+
+    made = []
+
+    class Result:
+        def __init__(self, repeat):
+            self.results = [2e-4] * repeat
+            self.mean = 2e-4
+
+    class Module:
+        def time_evaluator(self, name, dev, number=1, repeat=1, f_preproc=""):
+            made.append((number, repeat, f_preproc))
+            return lambda *args: Result(repeat)
+
+    us = interleaved_us([Module(), Module()], [], rounds=3, dev=object(), min_ms=2.0,
+                        flush_caches=flush)
+    assert us == [200.0, 200.0]
+    timed = made[1::2]  # each module: a probe, then its evaluator
+    if flush:
+        assert all(f == "cache_flush_cpu_non_first_arg" for _, _, f in made)
+        assert timed == [(1, 10, "cache_flush_cpu_non_first_arg")] * 2
+    else:
+        assert timed == [(10, 1, "")] * 2
