@@ -278,3 +278,19 @@ def test_two_concurrent_tuners(tmp_path):
     assert sorted(e["workload"] for e in manifest.values()) == sorted(names)
     # each workload: its searched trials and its default schedule
     assert len(_records(log)) == sum(e["trials"] + 1 for e in manifest.values())
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_local_runner_times_candidates_as_in_a_network(flush):
+    """Candidates are timed as ``--verify`` times them: caches flushed before every call but for
+    the data input, single calls (MetaSchedule's default, warm back-to-back calls, with
+    ``flush_caches=False``)."""
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import TuneConfig, _builder_runner
+
+    _, runner = _builder_runner(resolve_target("x86-avx2"), TuneConfig(flush_caches=flush), 1,
+                                None, None)
+    ev = runner.evaluator_config
+    assert ev.enable_cpu_cache_flush is flush
+    if flush:
+        assert (ev.number, ev.repeat, ev.min_repeat_ms) == (1, 10, 0)

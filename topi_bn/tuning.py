@@ -56,6 +56,14 @@ class TuneConfig:
         Parallel build/measure workers; default: the target's ``num-cores``.
     seed : int or None
         Seed of the search.
+    flush_caches : bool
+        Local CPU runner: time each candidate with the caches flushed before every call except
+        of the data input, as kernels run in a network (weights cold, the input warm from the
+        previous kernel), ``runner_calls`` single calls; as ``topi-bn tune --verify`` times
+        (:func:`topi_bn.tuning_verify.interleaved_us`). False: MetaSchedule's default
+        (back-to-back calls for at least 100 ms, warm caches).
+    runner_calls : int
+        Flushed calls per candidate.
     """
 
     trials_per_iter: int | None = None
@@ -63,6 +71,8 @@ class TuneConfig:
     runner_timeout_s: float = 120.0
     num_cores: int | None = None
     seed: int | None = 0
+    flush_caches: bool = True
+    runner_calls: int = 10
 
 
 @dataclass
@@ -331,12 +341,16 @@ def build_candidate(mod, target, _params=None):
 
 def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key):
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
-    from tvm.s_tir.meta_schedule.runner import LocalRunner
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
 
     if rpc_tracker is None and rpc_key is None:
+        evaluator = None  # MetaSchedule's default
+        if config.flush_caches and target.kind.name == "llvm":
+            evaluator = EvaluatorConfig(number=1, repeat=config.runner_calls, min_repeat_ms=0,
+                                        enable_cpu_cache_flush=True)
         return (LocalBuilder(max_workers=cores, timeout_sec=config.builder_timeout_s,
                              f_build=build_candidate),
-                LocalRunner(timeout_sec=config.runner_timeout_s))
+                LocalRunner(timeout_sec=config.runner_timeout_s, evaluator_config=evaluator))
     if not rpc_tracker or not rpc_key:
         raise ValueError("rpc_tracker and rpc_key: give both (HOST:PORT and the device key) or "
                          "neither")
