@@ -141,22 +141,43 @@ class NchwcConvConfig:
                 if s.oc_chunks * (s.out_h // r) >= 4 * p.cores:
                     rows = r
             return cls(oc_blocks=1, tile_h=1, tile_w=tw, task_rows=rows)
+        # with input blocks outermost, a row's last partial tile runs in a loop of its own
+        # (no predicate): tiles need not divide OW there
+        kt, th, tw = cls._best_tile(s, p, remainder_loop=True)
+        if cls.prefer_k_outer(s, p, kt):
+            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
+        kt, th, tw = cls._best_tile(s, p, remainder_loop=False)
+        if cls.prefer_k_outer(s, p, kt):
+            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
+        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
+                   rows_outer=cls.prefer_rows_outer(s, p, kt, th))
+
+    @classmethod
+    def _best_tile(cls, s: NchwcShape, p, remainder_loop: bool) -> tuple[int, int, int]:
+        """``(oc_blocks, tile_h, tile_w)`` of the lowest :func:`_tile_cost`. With
+        ``remainder_loop`` a partial last tile costs what it computes (it runs in a loop of its
+        own) but must leave a vector register spare (a tile using all 16 AVX2 registers ran
+        the 1x1 160->960 conv at 7x7 11% slower than 1 block x 7); else it costs
+        :data:`PARTIAL_TILE_PENALTY` times more."""
         best = None
         for kt in _divisors(s.oc_chunks, cls.max_oc_blocks(s)):
             most = cls.max_positions(s, p, kt)
             for th in _divisors(s.out_h, min(4, most)):
                 for tw in range(1, most // th + 1):
-                    # at equal cost and size: fewer channel blocks (a smaller slice of the
-                    # weights streamed per tile: 2x2 positions x 2 blocks beat 1x2 x 4 blocks
-                    # by 5-12% on 14-wide maps), then fewer rows
-                    key = (_tile_cost(kt, th, tw, s.out_w), -kt * th * tw, kt, th)
+                    rest = s.out_w % tw
+                    if remainder_loop and rest and kt * (th * tw + 1) + 1 >= p.vector_registers:
+                        continue
+                    cost = _tile_cost(kt, th, tw, s.out_w,
+                                      1.0 if remainder_loop else PARTIAL_TILE_PENALTY)
+                    # at equal cost: a tile that divides OW, then the larger tile, then fewer
+                    # channel blocks (a smaller slice of the weights streamed per tile: 2x2
+                    # positions x 2 blocks beat 1x2 x 4 blocks by 5-12% on 14-wide maps), then
+                    # fewer rows (2 blocks x 2x3 positions and a remainder loop ran 14-wide maps
+                    # 4-28% slower than 2 x 2x2 at the same estimated cost)
+                    key = (cost, rest > 0, -kt * th * tw, kt, th)
                     if best is None or key < best[0]:
                         best = (key, kt, th, tw)
-        _, kt, th, tw = best
-        if cls.prefer_k_outer(s, p, kt):
-            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
-        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
-                   rows_outer=cls.prefer_rows_outer(s, p, kt, th))
+        return best[1:]
 
     @staticmethod
     def prefer_k_outer(s: NchwcShape, p, oc_blocks: int) -> bool:
@@ -192,18 +213,20 @@ class NchwcConvConfig:
 PARTIAL_TILE_PENALTY = 2.0
 
 
-def _tile_cost(kt: int, th: int, tw: int, out_w: int) -> float:
+def _tile_cost(kt: int, th: int, tw: int, out_w: int,
+               partial_penalty: float = PARTIAL_TILE_PENALTY) -> float:
     """Estimated cycles per FMA of a row of ``out_w`` outputs in tiles of ``kt x th x tw``
     (the last tile partial), on a core with two FMA pipes of latency 4 and about 1.5 vector
     loads per cycle: a tile's step over one input channel takes the longest of its FMAs, its
     loads (``kt`` weight vectors, one broadcast per position) and one FMA latency (each
     accumulator depends on its previous FMA). A row with a partial last tile costs
-    :data:`PARTIAL_TILE_PENALTY` times more (predicated FMAs, accumulators in memory)."""
+    ``partial_penalty`` times more (:data:`PARTIAL_TILE_PENALTY`: predicated FMAs, accumulators
+    in memory; 1 where the partial tile runs in a loop of its own)."""
     def step(n):
         return max(kt * n / 2.0, (kt + n) / 1.5, 4.0)
     full, rest = divmod(out_w, tw)
     cycles = full * step(th * tw) + (step(th * rest) if rest else 0.0)
-    return cycles / (kt * th * out_w / 2.0) * (PARTIAL_TILE_PENALTY if rest else 1.0)
+    return cycles / (kt * th * out_w / 2.0) * (partial_penalty if rest else 1.0)
 
 
 def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates, default: int):
@@ -275,8 +298,7 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     ko_o, ko_i = sch.split(ko, _tile(sch, tunable, ko, [None, cfg.oc_blocks],
                                      NchwcConvConfig.max_oc_blocks(s)))
     mult = cfg.task_rows // cfg.tile_h
-    oh_factors = _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4)
-    oh_o, oh_m, oh_i = sch.split(oh, oh_factors)
+    oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
     # any tile width (not only divisors of OW): the last tile may be partial
     tw = _knob(sch, tunable, range(1, most + 1), cfg.tile_w)
     ow_o, ow_i = sch.split(ow, [None, tw])
@@ -293,8 +315,8 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
 
-    if cfg.k_outer and not depthwise:
-        _conv_k_outer(sch, conv, task, oh_factors[-1], tw)
+    if cfg.k_outer and not depthwise:  # the conv's tile is not tuned here (a loop structure)
+        _conv_k_outer(sch, conv, task, cfg.tile_h, cfg.tile_w)
     else:
         _conv_at_tile(sch, conv, ow_o, depthwise)
     if "pad" in blocks:
@@ -309,20 +331,32 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
             sch.vectorize(pci)
 
 
-def _conv_k_outer(sch, conv, task, tile_h, tile_w):
+def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int):
     """The conv's whole task under the task loop, input-channel blocks outermost: per block,
-    the task's register tiles over ``ry, rx, rci`` (accumulators loaded and stored once per
-    block)."""
+    the task's ``tile_h x tile_w`` register tiles over ``ry, rx, rci`` (accumulators loaded and
+    stored once per block). A row's last, partial tile (``tile_w`` not dividing OW) runs in a
+    loop of its own (``loop_partition``), so no FMA is predicated."""
     sch.compute_at(conv, task, preserve_unit_loops=True)
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rci = sch.get_loops(conv)[-9:]
     c_ohm, c_ohi = sch.split(c_oh, [None, tile_h])
-    c_owo, c_owi = sch.split(c_ow, [None, tile_w])
-    sch.reorder(c_n, rco, c_ohm, c_owo, ry, rx, rci, c_ohi, c_owi, c_ko, c_kb)
-    for lp in (rci, c_ohi, c_owi, c_ko):
+    sch.reorder(c_n, rco, c_ohm, c_ow, ry, rx, rci, c_ohi, c_ko, c_kb)
+    for lp in (rci, c_ohi, c_ko):
         sch.unroll(lp)
     sch.vectorize(c_kb)
     init = sch.decompose_reduction(conv, rco)
     sch.vectorize(sch.get_loops(init)[-1])
+    out_w = int(sch.get(c_ow).extent)
+    full = out_w - out_w % tile_w
+    parts = sch.loop_partition(c_ow, [full]) if 0 < full < out_w else [c_ow]
+    for part in parts:
+        (update,) = sch.get_child_blocks(part)
+        cols, ry, rx, rci, ohi, ko, kb = sch.get_loops(update)[-7:]
+        if int(sch.get(cols).extent) > tile_w:
+            tiles, cols = sch.split(cols, [None, tile_w])
+            sch.reorder(tiles, ry, rx, rci, ohi, cols, ko, kb)
+        else:
+            sch.reorder(ry, rx, rci, ohi, cols, ko, kb)
+        sch.unroll(cols)
 
 
 def _conv_at_tile(sch, conv, ow_o, depthwise):
