@@ -84,8 +84,13 @@ def test_cli_smoke_writes_table_json_and_png(tmp_path, capsys):
     assert rc == 0, printed.err
     data = json.loads((out / "results.json").read_text())
     assert data["machine_info"]["threads"] == 1
-    assert data["topi_bn"]["bandwidth"]["ceiling_gbps"] > 0
+    ceilings = data["topi_bn"]["bandwidth"]
+    assert ceilings["ceiling_gbps"] > 0 and ceilings["fma_gflops"] > 0
     entries = data["benchmarks"]
+    convs = [e for e in entries if e["extra_info"]["unit"] == "GFLOP/s"]
+    assert convs and all(e["extra_info"]["pct_of_fma_peak"] == pytest.approx(
+        100 * e["extra_info"]["rate"] / ceilings["fma_gflops"]) for e in convs)
+    assert "FMA ceiling" in (out / "results.md").read_text()
     ran = {(e["params"]["workload"], e["params"]["impl"]) for e in entries}
     smoke = [w.name for w in W.list_workloads("smoke")]
     for name in smoke:  # TVM's own build and topi-bn's default schedules always run
@@ -568,3 +573,17 @@ def test_time_in_turns_alternates_and_keeps_rounds():
     assert set(t) == {"a", "b"} and all(len(x.data) == 3 and x.number == 1 for x in t.values())
     with pytest.raises(ValueError, match="rounds"):
         time_in_turns({"a": lambda: None}, rounds=0)
+
+
+def test_fma_ceiling_counts_the_target_lanes_and_cores():
+    """The FMA ceiling runs on this CPU with the bench target's vector width and core count
+    (loose bounds on the rate: a loaded machine can be slow)."""
+    from topi_bn.bench.runner import resolve_bench_target
+    from topi_bn.bench.timing import fma_ceiling
+    from topi_bn.targets import host_can_run
+
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+    one = fma_ceiling(resolve_bench_target("x86-avx2", 1), rounds=3, steps=200_000)
+    assert one["fma_how"].startswith("1 thread(s)") and "8-lane" in one["fma_how"]
+    assert 5 < one["fma_gflops"] < 1000

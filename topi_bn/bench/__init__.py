@@ -6,7 +6,7 @@ Modules, each importing only those above it (no import circle):
 
 ================  ===========================================================================
 ``threads``       thread count, passive waiting and no thread pinning for TVM, PyTorch and ORT
-``timing``        :class:`Timing`, :func:`time_callable`, the CPU copy-bandwidth ceiling
+``timing``        :class:`Timing`, :func:`time_callable`, the CPU copy-bandwidth and FMA ceilings
 ``runner``        :class:`BenchConfig`, :class:`Case` -> :class:`Result`: the one
                   build / check / time / rate loop (:func:`run_cases`) and the speedups
 ``peers``         PyTorch and ONNX Runtime helpers; a missing peer is ``n/a: <reason>``
@@ -76,12 +76,12 @@ from .runner import (
     run_cases,
 )
 from .threads import set_threads
-from .timing import Timing, bandwidth_ceiling, time_callable
+from .timing import Timing, bandwidth_ceiling, fma_ceiling, time_callable
 
 __all__ = [
     "BenchConfig", "Case", "Prepared", "Result", "Unavailable", "run_cases",
     "compute_speedups", "resolve_bench_target", "Timing", "time_callable",
-    "bandwidth_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl", "OpContext",
+    "bandwidth_ceiling", "fma_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl", "OpContext",
     "IMPLEMENTATIONS", "QUICK_WORKLOADS", "DEFAULT_GROUPS", "prepare", "check_output",
     "select_workloads", "bench_workloads", "kernel_prim_func", "relax_module", "Network",
     "NetworkImpl", "NETWORK_IMPLS", "default_networks", "tiny_network", "bench_networks",

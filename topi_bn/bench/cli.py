@@ -28,7 +28,7 @@ from .networks import bench_networks
 from .report import machine_info, results_markdown, to_json, format_table
 from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
 from .threads import reexec_with_thread_env, set_threads
-from .timing import bandwidth_ceiling
+from .timing import bandwidth_ceiling, fma_ceiling
 
 __all__ = ["add_bench_parser", "add_bench_arguments", "check_bench_args", "run_bench",
            "run_gpu_bench", "main", "is_gpu_target"]
@@ -233,6 +233,11 @@ def _run_cpu(args: argparse.Namespace) -> int:
         progress(f"measuring the copy bandwidth ({cfg.bandwidth_mb} MB) ...")
         bandwidth = bandwidth_ceiling(cfg.bandwidth_mb, threads=threads)
         progress(f"    {bandwidth['ceiling_gbps']:.1f} GB/s")
+        target = resolve_bench_target(cfg.target, threads)
+        if target.kind.name == "llvm":  # what a conv's GFLOP/s are compared with
+            progress("measuring the float32 FMA ceiling ...")
+            bandwidth.update(fma_ceiling(target))
+            progress(f"    {bandwidth['fma_gflops']:.0f} GFLOP/s")
     results = ops.bench_workloads(wls, cfg)
     nets: list[Result] = []
     if not (args.quick or smoke or args.no_networks or args.workload or args.group):

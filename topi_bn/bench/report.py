@@ -86,8 +86,14 @@ def entry_name(r: Result) -> str:
 
 
 def _pct(r: Result, bandwidth: dict | None) -> float | None:
-    if bandwidth and r.unit == "GB/s" and r.rate is not None:
+    """``r``'s rate in % of its ceiling: GB/s over the copy bandwidth, GFLOP/s over the FMA
+    ceiling (when the run measured them: ``bandwidth`` holds both)."""
+    if not bandwidth or r.rate is None:
+        return None
+    if r.unit == "GB/s" and bandwidth.get("ceiling_gbps"):
         return 100.0 * r.rate / bandwidth["ceiling_gbps"]
+    if r.unit == "GFLOP/s" and bandwidth.get("fma_gflops"):
+        return 100.0 * r.rate / bandwidth["fma_gflops"]
     return None
 
 
@@ -104,7 +110,7 @@ def to_json(results: Sequence[Result], cfg: BenchConfig, machine: dict,
                  **r.extra}
         pct = _pct(r, bandwidth)
         if pct is not None:
-            extra["pct_of_bandwidth"] = pct
+            extra["pct_of_bandwidth" if r.unit == "GB/s" else "pct_of_fma_peak"] = pct
         group = entry_name(r)
         name = f"{group}[{r.impl}]"
         entries.append({"group": group, "name": name, "fullname": f"topi_bn.bench::{name}",
@@ -148,10 +154,11 @@ def _others(results: Sequence[Result]) -> list[str]:
 def format_table(results: Sequence[Result], bandwidth: dict | None = None) -> str:
     """A Markdown table: one row per (workload, implementation), failures with their reason.
 
-    Columns: median ms, min–max ms, rate (GFLOP/s, TFLOP/s or GB/s), % of the copy bandwidth
-    (BN and LN), speedup over TVM unpacked and over the fastest peer, check, note.
+    Columns: median ms, min–max ms, rate (GFLOP/s, TFLOP/s or GB/s), % of the ceiling (the copy
+    bandwidth for BN and LN, the FMA ceiling for convs), speedup over TVM unpacked and over the
+    fastest peer, check, note.
     """
-    lines = ["| workload | implementation | median ms | min–max ms | rate | % copy BW "
+    lines = ["| workload | implementation | median ms | min–max ms | rate | % ceiling "
              "| vs unpacked | vs best peer | check | note |", "|" + "---|" * 10]
     for r in results:
         if r.timing is None:
@@ -202,7 +209,7 @@ def format_summary(results: Sequence[Result], bandwidth: dict | None = None,
     tuned = "topi-bn tuned" in names
     head = ["workload"] + [f"{n} ms" for n in names] + [f"{n}: {s} ms" for n, s in side]
     head += ["tuning record"] if tuned else []
-    head += [f"{impl} rate", "% copy BW"] + [f"vs {o}" for o in others] + ["vs best peer"]
+    head += [f"{impl} rate", "% ceiling"] + [f"vs {o}" for o in others] + ["vs best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in groups:
         first = next(r for r in results if r.group == g)
@@ -341,6 +348,10 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
     if bandwidth:
         lines += [f"Memory-bandwidth ceiling: {bandwidth['ceiling_gbps']:.1f} GB/s "
                   f"({bandwidth.get('how', 'copy, read + write')}).", ""]
+        if bandwidth.get("fma_gflops"):
+            lines += [f"FMA ceiling: {bandwidth['fma_gflops']:.0f} GFLOP/s float32 "
+                      f"({bandwidth.get('fma_how', 'FMA chains')}): no conv can run faster.",
+                      ""]
     impl = primary_impl(results)
     ran = _impls([r for r in results if r.timing is not None], ("topi-bn",))
     for name in ([impl] + [n for n in ran if n != impl]) if ran else []:  # primary first
@@ -360,8 +371,9 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
     if results:
         lines += ["", format_summary(results, bandwidth, impl), "",
                   "Rates: GFLOP/s (TFLOP/s on a GPU) for conv (Workload.flops), GB/s of "
-                  "compulsory traffic for BN and LN (Workload.bytes_moved); '% copy BW' over "
-                  "100% means the data stayed in cache. 'TVM unpacked' is TVM's own lowering "
+                  "compulsory traffic for BN and LN (Workload.bytes_moved); '% ceiling': GB/s over "
+                  "the copy bandwidth (over 100%: the data stayed in cache), GFLOP/s over the "
+                  "FMA ceiling. 'TVM unpacked' is TVM's own lowering "
                   "(its conv2d has no CPU schedule in TVM 0.27); 'best peer' is the fastest "
                   "other framework. 'n/a' and 'failed' cells: see the per-implementation "
                   "table.", ""]

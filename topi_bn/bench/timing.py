@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Timing", "time_callable", "time_in_turns", "bandwidth_ceiling"]
+__all__ = ["Timing", "time_callable", "time_in_turns", "bandwidth_ceiling", "fma_ceiling"]
 
 
 @dataclass
@@ -158,3 +158,57 @@ def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None
     out["how"] = (f"{megabytes} MB copy, read + write: NumPy {out['numpy_gbps']:.1f}, "
                   f"TVM parallel copy {out['tvm_gbps']:.1f} GB/s")
     return out
+
+
+#: Independent accumulators per task of :func:`fma_ceiling`: more than FMA pipes x latency
+#: (2 x 4 on Zen 3, Sapphire Rapids' 2 x 4), so the chain runs at the FMA throughput.
+FMA_ACCUMULATORS = 10
+
+
+def fma_ceiling(target=None, rounds: int = 5, steps: int = 1_000_000) -> dict:
+    """float32 FMA throughput in GFLOP/s (2 flops per FMA) of this CPU running code for
+    ``target`` (default: this CPU), the ceiling of a conv's GFLOP/s: a TVM kernel in which each
+    of the target's ``num-cores`` parallel tasks runs :data:`FMA_ACCUMULATORS` vector
+    accumulators (the target's vector width) through ``steps`` dependent FMAs each, nothing
+    loaded or stored in the loop. Returns ``{"fma_gflops", "fma_how"}``."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from ..schedules.cpu import cpu_params
+    from ..targets import host_x86_target_dict, resolve_target
+
+    target = resolve_target(target if target is not None else dict(host_x86_target_dict()))
+    p = cpu_params(target)
+    tasks, accs, lanes = p.cores, FMA_ACCUMULATORS, p.lanes
+
+    @T.prim_func(s_tir=True)
+    def chains(init: T.Buffer((accs, lanes), "float32"), mul: T.float32, add: T.float32,
+               out: T.Buffer((tasks, accs, lanes), "float32")):
+        # start values and coefficients are arguments, so LLVM can neither fold nor merge
+        # the chains
+        for t in T.parallel(tasks):
+            with T.sblock("task"):
+                vt = T.axis.spatial(tasks, t)
+                acc = T.sblock_alloc_buffer((accs, lanes), "float32", scope="local")
+                for j in T.unroll(accs):
+                    for k in T.vectorized(lanes):
+                        acc[j, k] = init[j, k]
+                for _ in range(steps):
+                    for j in T.unroll(accs):
+                        for k in T.vectorized(lanes):
+                            acc[j, k] = acc[j, k] * mul + add
+                for j in T.unroll(accs):
+                    for k in T.vectorized(lanes):
+                        out[vt, j, k] = acc[j, k]
+
+    lib = tvm.compile(tvm.IRModule({"main": chains.with_attr("global_symbol", "main")}),
+                      target=target)
+    args = [tvm.runtime.tensor(np.random.default_rng(0).random((accs, lanes), "float32")),
+            0.999999, 1e-6,
+            tvm.runtime.empty((tasks, accs, lanes), "float32")]
+    f = lib["main"]
+    t = time_callable(lambda: f(*args), rounds=rounds, min_round_ms=0.0)
+    flops = 2.0 * tasks * accs * lanes * steps
+    gflops = flops / t.median / 1e9
+    return {"fma_gflops": gflops,
+            "fma_how": f"{tasks} thread(s) x {accs} chains of {lanes}-lane float32 FMAs"}
