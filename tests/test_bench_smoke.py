@@ -210,6 +210,13 @@ def test_tiny_network_runner():
     assert onnx["conv_kernels"] == 3 and onnx["conv_tvm"] == 0
     table = format_networks(results)
     assert "| tiny | torch |" in table and "BN 3: fused 3, folded 0, separate 0" in table
+    # the work per image: the tiny net's convs and linear layer, multiply-adds counted by hand
+    macs = 16 * 16 * 8 * 3 * 9 + 16 * 16 * 8 * 9 + 16 * 16 * 16 * 8 + 16 * 10
+    assert by["torch"].extra["gflop"] == pytest.approx(2 * macs / 1e9)
+    with_fma = format_networks(results, {"fma_gflops": 100.0})
+    t = by["torch"].timing.median
+    assert "% FMA ceiling" in with_fma and \
+        f"| {100 * by['torch'].extra['gflop'] / t / 100.0:.0f}% |" in with_fma
     # the ONNX build is timed in turns with the torch.export build of its mode
     turns = onnx["in_turns_ms"]
     assert set(turns) == {"ONNX", "torch.export"} and all(v > 0 for v in turns.values())

@@ -445,9 +445,11 @@ def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads
                 r = Result(net.name, "network", impl.name, impl.kind, unit="img/s")
                 yield Case(r, functools.partial(_raise, err), label=label)
             continue
+        gflop = network_flops(ctx.model, ctx.x) / 1e9
         for impl in impls:
             once = impl.name in net.time_once
-            yield Case(Result(net.name, "network", impl.name, impl.kind, unit="img/s"),
+            yield Case(Result(net.name, "network", impl.name, impl.kind, unit="img/s",
+                              extra={"gflop": gflop}),
                        functools.partial(impl.prepare, ctx), reference=ctx.reference,
                        check=check_network_output,
                        rate=lambda s, b=net.input_shape[0]: b / s, label=label,
@@ -457,6 +459,33 @@ def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads
 
 def _raise(err):
     raise err
+
+
+def network_flops(model, x) -> float:
+    """Floating-point operations of one forward pass of ``model`` on ``x`` (NumPy): 2 per
+    multiply-add of its convolutions and linear layers (the work an FMA ceiling bounds;
+    batch-norms, activations and pools, a few percent more, are not counted)."""
+    torch = peers.require_torch()
+    total = [0.0]
+
+    def conv(mod, _inp, out):
+        kh, kw = mod.kernel_size
+        total[0] += 2.0 * out.numel() * mod.in_channels // mod.groups * kh * kw
+
+    def linear(mod, _inp, out):
+        total[0] += 2.0 * out.numel() * mod.in_features
+
+    hooks = [m.register_forward_hook(conv) for m in model.modules()
+             if isinstance(m, torch.nn.Conv2d)]
+    hooks += [m.register_forward_hook(linear) for m in model.modules()
+              if isinstance(m, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            model(torch.from_numpy(np.ascontiguousarray(x)))
+    finally:
+        for h in hooks:
+            h.remove()
+    return total[0]
 
 
 def bench_networks(cfg: BenchConfig, networks: Sequence[Network] | None = None,

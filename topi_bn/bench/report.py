@@ -265,25 +265,46 @@ def geomean_speedups(results: Sequence[Result], impl: str | None = None) -> dict
     return out
 
 
-def format_networks(results: Sequence[Result]) -> str:
+def format_networks(results: Sequence[Result], ceilings: dict | None = None) -> str:
     """Markdown table: one row per (network, implementation), with the kernels each build
-    made (fused / folded / separate batch-norms, untuned kernels) in ``kernels``."""
+    made (fused / folded / separate batch-norms, untuned kernels) in ``kernels``, and, when
+    ``ceilings`` holds the FMA ceiling, the conv and linear GFLOP/s of the run in % of it."""
     peers = _impls(results, ("peer",))
-    head = (["network", "implementation", "median ms", "min–max ms", "img/s", "vs unpacked"]
+    fma = (ceilings or {}).get("fma_gflops")
+    head = (["network", "implementation", "median ms", "min–max ms", "img/s"]
+            + (["% FMA ceiling"] if fma else []) + ["vs unpacked"]
             + [f"vs {p}" for p in peers] + ["check", "build s", "kernels / note"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if r.timing is None:
-            cells = [r.workload, r.impl] + ["—"] * (4 + len(peers)) + ["—", "—", r.error]
+            cells = [r.workload, r.impl] + ["—"] * (4 + bool(fma) + len(peers)) + \
+                ["—", "—", r.error]
         else:
             t, vs = r.timing, r.extra.get("speedup_vs", {})
             cells = [r.workload, r.impl, _ms(t, 2), f"{t.min * 1e3:.2f}–{t.max * 1e3:.2f}",
-                     f"{r.rate:.1f}", _ratio(r.extra.get("speedup_vs_unpacked"))]
+                     f"{r.rate:.1f}"]
+            if fma:
+                gflop = r.extra.get("gflop")
+                cells.append(f"{100 * gflop / t.median / fma:.0f}%" if gflop else "")
+            cells.append(_ratio(r.extra.get("speedup_vs_unpacked")))
             cells += [_ratio(vs.get(p)) for p in peers]
             once = " (timed once)" if t.number == 1 and len(t.data) == 1 else ""
             cells += [r.check, f"{r.build_s:.1f}", r.note + once]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _network_work(results: Sequence[Result], ceilings: dict | None) -> str:
+    """The end of the networks' caption: the work per image, and what '% FMA ceiling' is."""
+    gflop = {r.workload: r.extra["gflop"] for r in results if r.extra.get("gflop")}
+    if not gflop:
+        return "."
+    text = "; work per image (convs and linear layers): " + ", ".join(
+        f"{n} {g:.2f} GFLOP" for n, g in gflop.items())
+    if (ceilings or {}).get("fma_gflops"):
+        text += ("; '% FMA ceiling': that work per second over the FMA ceiling above (at "
+                 "100% the convs alone would take the whole run at the CPU's peak)")
+    return text + "."
 
 
 def import_path_ratios(results: Sequence[Result]) -> list[str]:
@@ -380,7 +401,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
     if networks:
         lines += ["Whole networks (batch 1, float32): every build's kernels in the last "
                   "column (BN: the graph's batch-norms fused into conv2d_bn_relu kernels, "
-                  "folded into conv weights, or separate).", "", format_networks(networks), ""]
+                  "folded into conv weights, or separate)" + _network_work(networks, bandwidth),
+                  "", format_networks(networks, bandwidth), ""]
         ratios = import_path_ratios(networks)
         if ratios:
             lines += ["The same model through both import paths:", "", *ratios, ""]
