@@ -39,7 +39,7 @@ __all__ = [
     "ANCHORS", "RULE_PREFIX", "topi_bn_blocks", "schedule_function", "apply_default_schedules",
     "template_space", "strip_rules", "register_family", "target_scope", "family_for",
     "has_topi_bn_blocks", "block_rule", "base_name", "op_blocks", "inline_consumers",
-    "OUTPUT_BLOCKS", "CPU_ONLY_OPS", "stats_blocks",
+    "OUTPUT_BLOCKS", "CPU_ONLY_OPS", "stats_blocks", "sole_reduction",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -283,3 +283,15 @@ def register_family(family: ModuleType, keys: dict[str, Callable[[], Target]],
 
             tvm_ffi.register_global_func(f"s_tir.meta_schedule.{key}.{RULE_PREFIX}{op}", rule,
                                          override=True)
+
+
+def sole_reduction(sch: tvm.s_tir.Schedule):
+    """``(block, iter types)`` of the function's one reduction block among the root's
+    children (iter types: 0 spatial, 2 reduction), or None when it has none or several: what
+    the schedules of TVM's own ops (:mod:`.cpu_dense`, :mod:`.cpu_pool`) start matching from."""
+    found = []
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        kinds = [int(iv.iter_type) for iv in sch.get(b).iter_vars]
+        if 2 in kinds:  # CommReduce
+            found.append((b, kinds))
+    return found[0] if len(found) == 1 else None

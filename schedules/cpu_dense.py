@@ -14,6 +14,8 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
+from .common import sole_reduction
+
 __all__ = ["schedule_matvec", "matvec_block"]
 
 #: Most vectors per tile (accumulators live in registers across the K loop).
@@ -22,16 +24,11 @@ MAX_TILE_VECTORS = 8
 
 def matvec_block(sch: tvm.s_tir.Schedule):
     """The ``out[m, n] += x[m, k] * w[k, n]`` block of the function, or None."""
-    root = sch.get_sblock("root")
-    reductions = []
-    for b in sch.get_child_blocks(root):
-        block = sch.get(b)
-        kinds = [int(iv.iter_type) for iv in block.iter_vars]
-        if any(k == 2 for k in kinds):  # CommReduce
-            reductions.append((b, block, kinds))
-    if len(reductions) != 1:
+    found = sole_reduction(sch)
+    if found is None:
         return None
-    b, block, kinds = reductions[0]
+    b, kinds = found
+    block = sch.get(b)
     if kinds != [0, 0, 2] or len(block.reads) != 2 or len(block.writes) != 1:
         return None
     m, n, k = (iv.var for iv in block.iter_vars)

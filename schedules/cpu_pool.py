@@ -18,6 +18,8 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
+from .common import sole_reduction
+
 __all__ = ["schedule_pool", "pool_block"]
 
 #: Output positions per tile (independent accumulators along ``ow``).
@@ -26,15 +28,10 @@ TILE_W = 4
 
 def pool_block(sch: tvm.s_tir.Schedule):
     """The pool's reduction block of the function, or None."""
-    root = sch.get_sblock("root")
-    reductions = []
-    for b in sch.get_child_blocks(root):
-        kinds = [int(iv.iter_type) for iv in sch.get(b).iter_vars]
-        if 2 in kinds:  # CommReduce
-            reductions.append((b, kinds))
-    if len(reductions) != 1:
+    found = sole_reduction(sch)
+    if found is None:
         return None
-    b, kinds = reductions[0]
+    b, kinds = found
     block = sch.get(b)
     spatial = len(kinds) - 2
     if spatial not in (4, 5) or kinds != [0] * spatial + [2, 2] or len(block.reads) != 1 \
