@@ -173,7 +173,7 @@ class NchwcConvConfig:
                     # channel blocks (a smaller slice of the weights streamed per tile: 2x2
                     # positions x 2 blocks beat 1x2 x 4 blocks by 5-12% on 14-wide maps), then
                     # fewer rows (2 blocks x 2x3 positions and a remainder loop ran 14-wide maps
-                    # 4-28% slower than 2 x 2x2 at the same estimated cost)
+                    # 4-39% slower than the 2 or 3 blocks x 2x2 of the same estimated cost)
                     key = (cost, rest > 0, -kt * th * tw, kt, th)
                     if best is None or key < best[0]:
                         best = (key, kt, th, tw)
