@@ -32,7 +32,10 @@ keeps ``pragma_loop_partition_hint``, but the lowered reduction still tests ``ox
 every FMA of the tile's last columns, and LLVM keeps the accumulators in memory): on Zen 3 such
 a tile made 3x3 and 1x1 layers 2.1-2.9x slower than a tile width that divides OW. The default
 therefore charges a partial tile twice its estimated cost (:data:`PARTIAL_TILE_PENALTY`), which
-picks a divisor of OW wherever one comes close; the tuner may still choose any width.
+picks a divisor of OW wherever one comes close; the tuner may still choose any width. With
+input blocks outermost (``k_outer``) the partial tile is split off by ``sch.loop_partition``
+into a loop of its own, unpredicated, and costs only what it computes (7-wide maps: 2 blocks x
+4 positions, then 2 x 3).
 """
 from __future__ import annotations
 
