@@ -9,6 +9,27 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.fixture
+def scheduled_by(monkeypatch):
+    """``scheduled_by(module, name)``: wrap the schedule function ``module.name`` (called as
+    ``name(sch, target) -> bool``) for the test; returns the list to which every PrimFunc it
+    scheduled is appended."""
+
+    def watch(module, name):
+        scheduled, real = [], getattr(module, name)
+
+        def spy(sch, target):
+            done = real(sch, target)
+            if done:
+                scheduled.append(sch.mod["main"])
+            return done
+
+        monkeypatch.setattr(module, name, spy)
+        return scheduled
+
+    return watch
+
+
 @pytest.fixture(scope="session")
 def model_files(tmp_path_factory):
     """``(folder, reference)``: ``topi_bn.testing.models.tiny_conv_bn`` saved as ``tiny.pt2``

@@ -573,7 +573,8 @@ def test_default_tile_prefers_fewer_channel_blocks_at_equal_cost():
     assert (cfg.oc_blocks, cfg.tile_h, cfg.tile_w) == (2, 2, 2)
 
 
-@pytest.mark.parametrize("dtype,case", [("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
+@pytest.mark.parametrize("dtype,case",
+                         [("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
                          + [("float16", CASES[2])],
                          ids=lambda v: v if isinstance(v, str) else v[0])
 def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case):

@@ -73,7 +73,7 @@ def test_an_elementwise_function_is_not_a_product():
     assert matvec_block(tvm.s_tir.Schedule(tvm.IRModule({"main": f}))) is None
 
 
-def test_fused_build_schedules_the_classifier(monkeypatch):
+def test_fused_build_schedules_the_classifier(scheduled_by):
     """A conv -> BN -> ReLU -> pool -> linear network built ``bn="fused"``: the classifier
     PrimFunc comes out scheduled (parallel), and the output matches float64."""
     from tvm import relax
@@ -101,16 +101,7 @@ def test_fused_build_schedules_the_classifier(monkeypatch):
         bb.emit_func_output(out)
     import topi_bn.schedules.cpu_dense as cpu_dense
 
-    scheduled = []
-    real = cpu_dense.schedule_matvec
-
-    def spy(sch, target):
-        done = real(sch, target)
-        if done:
-            scheduled.append(sch.mod["main"])
-        return done
-
-    monkeypatch.setattr(cpu_dense, "schedule_matvec", spy)
+    scheduled = scheduled_by(cpu_dense, "schedule_matvec")
     ex = topi_bn.build(bb.get(), TARGET, bn="fused")
     assert len(scheduled) == 1  # the classifier, and nothing else
     assert "T.parallel" in scheduled[0].script()

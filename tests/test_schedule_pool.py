@@ -119,7 +119,7 @@ def test_other_reductions_are_not_pools():
         assert not schedule_pool(sch, resolve_target(TARGET))
 
 
-def test_fused_build_schedules_the_max_pool(rng, monkeypatch):
+def test_fused_build_schedules_the_max_pool(rng, scheduled_by):
     """In a ``fused`` build (blocked layout) the max pool after a conv runs scheduled, and the
     network's output matches float64."""
     if not host_can_run(TARGET)[0]:
@@ -137,16 +137,7 @@ def test_fused_build_schedules_the_max_pool(rng, monkeypatch):
         model[1].running_mean.uniform_(-0.5, 0.5)
         model[1].running_var.uniform_(0.5, 2.0)
     x = rng.standard_normal((1, 3, 20, 20)).astype("float32")
-    scheduled = []
-    real = cpu_pool.schedule_pool
-
-    def spy(sch, target):
-        done = real(sch, target)
-        if done:
-            scheduled.append(sch.mod["main"])
-        return done
-
-    monkeypatch.setattr(cpu_pool, "schedule_pool", spy)
+    scheduled = scheduled_by(cpu_pool, "schedule_pool")
     mod = topi_bn.from_exported_program(torch.export.export(model, (torch.from_numpy(x),)))
     ex = topi_bn.build(mod, TARGET, bn="fused")
     assert len(scheduled) == 1 and "T.parallel" in scheduled[0].script()

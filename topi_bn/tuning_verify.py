@@ -7,11 +7,11 @@ noise alone, and the build then runs a slower kernel than an untuned build would
 builds each workload twice exactly as :func:`topi_bn.build` does, with the log and without
 (the default schedule), and times the two in turns (A B A B ...) with TVM's ``time_evaluator``,
 so a change of the machine's load hits both alike, with the caches flushed before each call
-but for the data input, as in a network (:func:`interleaved_us`). When the log's best record is slower than the
-default by more than ``tolerance`` (ratio of the medians), the records ranked above the
-log's default-schedule record are removed from the log (all of the workload's records when it
-has none), so builds run the default schedule. The workload's other records and every other line
-of the log stay as they were (:func:`topi_bn.tuning_db.drop_records`).
+but for the data input, as in a network (:func:`interleaved_us`). When the log's best record
+is slower than the default by more than ``tolerance`` (ratio of the medians), the records
+ranked above the log's default-schedule record are removed from the log (all of the workload's
+records when it has none), so builds run the default schedule. The workload's other records and
+every other line of the log stay as they were (:func:`topi_bn.tuning_db.drop_records`).
 
 ``topi-bn tune`` runs this check on every workload it has just tuned (not when it measures on a
 board through RPC); ``topi-bn tune --verify`` runs it alone on an existing log.

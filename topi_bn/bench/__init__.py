@@ -81,7 +81,8 @@ from .timing import Timing, bandwidth_ceiling, fma_ceiling, time_callable
 __all__ = [
     "BenchConfig", "Case", "Prepared", "Result", "Unavailable", "run_cases",
     "compute_speedups", "resolve_bench_target", "Timing", "time_callable",
-    "bandwidth_ceiling", "fma_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl", "OpContext",
+    "bandwidth_ceiling", "fma_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl",
+    "OpContext",
     "IMPLEMENTATIONS", "QUICK_WORKLOADS", "DEFAULT_GROUPS", "prepare", "check_output",
     "select_workloads", "bench_workloads", "kernel_prim_func", "relax_module", "Network",
     "NetworkImpl", "NETWORK_IMPLS", "default_networks", "tiny_network", "bench_networks",

@@ -233,11 +233,9 @@ def _run_cpu(args: argparse.Namespace) -> int:
         progress(f"measuring the copy bandwidth ({cfg.bandwidth_mb} MB) ...")
         bandwidth = bandwidth_ceiling(cfg.bandwidth_mb, threads=threads)
         progress(f"    {bandwidth['ceiling_gbps']:.1f} GB/s")
-        target = resolve_bench_target(cfg.target, threads)
-        if target.kind.name == "llvm":  # what a conv's GFLOP/s are compared with
-            progress("measuring the float32 FMA ceiling ...")
-            bandwidth.update(fma_ceiling(target))
-            progress(f"    {bandwidth['fma_gflops']:.0f} GFLOP/s")
+        progress("measuring the float32 FMA ceiling ...")  # what conv GFLOP/s are compared with
+        bandwidth.update(fma_ceiling(resolve_bench_target(cfg.target, threads)))
+        progress(f"    {bandwidth['fma_gflops']:.0f} GFLOP/s")
     results = ops.bench_workloads(wls, cfg)
     nets: list[Result] = []
     if not (args.quick or smoke or args.no_networks or args.workload or args.group):
