@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from topi_bn.tuning_db import run_time
 from tuning_helpers import (
     OTHER_KEY_TARGET, RECORDS, SAME_KEY_TARGET, TARGET, WORKLOAD, assert_close, copy_log,
     dir_digest, run_prim_func, tuned_log_dir,
@@ -41,8 +42,7 @@ def _best_record_schedule(log, func):
 
     db = ms.database.JSONDatabase(work_dir=log, allow_missing=False)
     mod = build_visible_mod(func)
-    best = min((r for r in db.get_all_tuning_records() if float(r.run_secs[0]) < 1e9),
-               key=lambda r: float(r.run_secs[0]))
+    best = min((r for r in db.get_all_tuning_records() if run_time(r) < 1e9), key=run_time)
     sch = tvm.s_tir.Schedule(mod)
     best.trace.apply_to_schedule(sch, remove_postproc=False)
     return sch.mod
@@ -131,15 +131,14 @@ def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
     from topi_bn.tuning_db import load_logs, merge_records
 
     records = ms.database.JSONDatabase(work_dir=log_dir).get_all_tuning_records()
-    slowest = max((r for r in records if float(r.run_secs[0]) < 1e9),
-                  key=lambda r: float(r.run_secs[0]))
+    slowest = max((r for r in records if run_time(r) < 1e9), key=run_time)
     user = str(tmp_path / "user")
     merge_records(user, build_visible_mod(func), [slowest])
     t = resolve_target(TARGET)
     first = load_logs([user, log_dir], t)
     assert first.num_records == 1 and first.skipped[log_dir]["shadowed"] >= 1
     (rec,) = first.database.get_all_tuning_records()
-    assert float(rec.run_secs[0]) == pytest.approx(float(slowest.run_secs[0]))
+    assert run_time(rec) == pytest.approx(run_time(slowest))
     assert load_logs([log_dir, user], t).num_records >= 1
 
 
