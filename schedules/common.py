@@ -50,13 +50,14 @@ ANCHORS = {
     "depthwise_conv2d_bn_relu": "conv",
     "conv2d_nchwc": "conv",
     "depthwise_conv2d_nchwc": "conv",
+    "conv2d_winograd_nchwc": "wino_gemm",
     "batch_norm_train": "bn_norm",
     "batch_norm_infer": "bn_norm",
     "layer_norm": "ln_norm",
 }
 
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)
-CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
+CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc")
 
 _FAMILIES: dict[str, ModuleType] = {}
 _scope = threading.local()

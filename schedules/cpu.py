@@ -11,6 +11,8 @@
   (NCHW) — there is no input reuse across channels to block for.
 - ``conv2d_nchwc`` / ``depthwise_conv2d_nchwc``: the blocked-layout conv, in
   :mod:`topi_bn.schedules.cpu_conv_nchwc`.
+- ``conv2d_winograd_nchwc``: the blocked 3x3 conv by Winograd's algorithm, in
+  :mod:`topi_bn.schedules.cpu_conv_winograd`.
 - ``batch_norm_train``: channel-major layouts run one parallel task per channel holding all
   three passes (sum, squared deviations, normalize) while the channel's data is in cache;
   channels-last layouts (channel innermost) compute per-chunk partial sums in parallel,
@@ -39,6 +41,7 @@ from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
 from .common import inline_consumers, op_blocks, stats_blocks
 from .cpu_conv_nchwc import schedule_conv_nchwc
+from .cpu_conv_winograd import schedule_conv_winograd
 
 
 __all__ = [
@@ -547,6 +550,8 @@ def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
         _schedule_conv(sch, anchor, target, tunable, depthwise=True)
     elif op in ("conv2d_nchwc", "depthwise_conv2d_nchwc"):
         schedule_conv_nchwc(sch, anchor, target, tunable, depthwise=op.startswith("depthwise"))
+    elif op == "conv2d_winograd_nchwc":
+        schedule_conv_winograd(sch, anchor, target, tunable)
     elif op == "batch_norm_train":
         _schedule_bn_train(sch, anchor, target, tunable)
     elif op == "batch_norm_infer":
@@ -555,5 +560,5 @@ def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
         _schedule_layer_norm(sch, anchor, target, tunable)
     else:
         raise ValueError(f"op: expected one of conv2d_bn_relu, depthwise_conv2d_bn_relu, "
-                         f"conv2d_nchwc, depthwise_conv2d_nchwc, batch_norm_train, "
-                         f"batch_norm_infer, layer_norm; got {op!r}")
+                         f"conv2d_nchwc, depthwise_conv2d_nchwc, conv2d_winograd_nchwc, "
+                         f"batch_norm_train, batch_norm_infer, layer_norm; got {op!r}")

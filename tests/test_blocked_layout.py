@@ -20,7 +20,8 @@ nn = torch.nn
 
 # AVX2 code runs on every x86 machine of the project; blocks of 8 channels.
 TARGET = topi_bn.resolve_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-BLOCKED = re.compile(r"topi_bn_conv2d_(bn_act|shift_act)_nchwc")
+BLOCKED = re.compile(r"topi_bn_conv2d_(bn_act|shift_act)(_winograd)?_nchwc")
+WINOGRAD = re.compile(r"topi_bn_conv2d_(bn_act|shift_act)_winograd_nchwc")
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -199,6 +200,38 @@ def test_ir_after_the_pass(name, bn):
     outs = [v for v, c in transforms if v in outputs]
     assert len(ins) == 1 and len(transforms) == len(ins) + len(outs), transforms
     assert len(outs) == (1 if name == "resnet" else 0)  # mobilenet: a free reshape after the pool
+
+
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+def test_winograd_takes_the_3x3_stride_1_convs_with_32_channels(bn):
+    """In the ResNet block, the 3x3 stride-1 convs of 32 channels (constant weights) run
+    Winograd's algorithm with the weight transformed by the build; the stem (3 channels), the
+    stride-2 conv and the 1x1 shortcut stay direct; ``winograd=False`` keeps all direct. Both
+    builds match float64."""
+    mod, x, ref = _net("resnet")
+    moded = tr.apply_bn_mode(mod, bn)
+    for winograd, expect in ((True, 3), (False, 0)):
+        calls = _calls(to_blocked_layout(moded, TARGET, winograd=winograd)["main"])
+        wino = [c for n, c in calls if WINOGRAD.match(n)]
+        assert len(wino) == expect
+        for call in wino:
+            weight = call.args[1].fields[1]
+            assert isinstance(weight, Constant) and tuple(weight.value.shape) == (4, 4, 4, 4, 8, 8)
+        ex = topi_bn.build(mod, TARGET, bn=bn, tuning_logs=None, winograd=winograd)
+        assert bool(WINOGRAD.search(ex.as_text())) == bool(expect)
+        assert_close(_run(ex, x), ref, "float32", f"resnet bn={bn} winograd={winograd}", scale=10)
+
+
+def test_winograd_needs_a_constant_weight(rng):
+    """A weight that is a function parameter is packed at run time: such convs stay direct."""
+    torch.manual_seed(0)
+    net = nn.Sequential(*_cbr(32, 32, 3)).eval()
+    x = torch.from_numpy(rng.standard_normal((1, 32, 8, 8)).astype("float32"))
+    ep = torch.export.export(net, (x,))
+    for keep_params, expect in ((False, 1), (True, 0)):
+        mod = tr.from_exported_program(ep, keep_params_as_input=keep_params)
+        calls = _calls(to_blocked_layout(tr.apply_bn_mode(mod, "fused"), TARGET)["main"])
+        assert len([n for n, _ in calls if WINOGRAD.match(n)]) == expect
 
 
 def test_layout_keep_builds_the_nchw_kernels(rng):

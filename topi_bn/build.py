@@ -140,7 +140,7 @@ def _check_bn(bn) -> str:
 
 
 def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-          tuning_logs="shipped", layout: str = "auto"):
+          tuning_logs="shipped", layout: str = "auto", winograd: bool = True):
     """Compile a Relax module or a PrimFunc with topi-bn kernels for ``target``.
 
     Parameters
@@ -166,6 +166,12 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         ``"blocked"``: the same, but an error where it does not apply (a GPU target, bn
         ``"opaque"`` or ``"unpacked"``). ``"keep"``: the model's own layout (NCHW kernels for
         an NCHW model), as ONNX Runtime with its layout optimizations off.
+    winograd : bool
+        Relax only, blocked layout: 3x3 stride-1 "same" convs (groups 1, float32, >= 32 input
+        and output channels) whose weight is a constant run Winograd's algorithm
+        (:mod:`topi_bn.compute.conv2d_winograd_nchwc`: 4x or 2.25x fewer multiplies, the weight
+        transformed by the build; results differ from the direct conv by float32 rounding,
+        about 1e-6 of the output's range). ``False``: the direct kernel everywhere.
 
     Returns
     -------
@@ -176,6 +182,7 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
     target = resolve_target(target)
     _check_bn(bn)
     _check_layout(layout, target, bn)
+    _check_winograd(winograd)
     func = _entry(mod_or_primfunc, params)  # argument errors come before any log is read
     if isinstance(func, tvm.tirx.PrimFunc) and layout != "auto":
         raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
@@ -184,7 +191,7 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
     db = _reporting_database(loaded.database, target)
     if isinstance(func, tvm.tirx.PrimFunc):
         return _build_prim_func(func, target, db)
-    return _build_relax(mod_or_primfunc, target, params, bn, db, layout)
+    return _build_relax(mod_or_primfunc, target, params, bn, db, layout, winograd)
 
 
 def _entry(mod_or_primfunc, params):
@@ -240,7 +247,7 @@ class BuildReport:
 
 
 def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-                      tuning_logs="shipped", layout: str = "auto"):
+                      tuning_logs="shipped", layout: str = "auto", winograd: bool = True):
     """:func:`build` of a Relax module, also saying what became of its batch-norms and which
     kernels were tuned.
 
@@ -255,6 +262,7 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     target = resolve_target(target)
     _check_bn(bn)
     modes.check_layout(layout, target, bn)
+    _check_winograd(winograd)
     if not isinstance(mod, tvm.IRModule) or not any(
             isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
         raise TypeError(f"mod: expected a tvm.IRModule with a Relax function, got "
@@ -262,7 +270,7 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     log_dirs = resolve_tuning_logs(tuning_logs, target)
     db = _reporting_database(load_logs(log_dirs, target).database, target)
     mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True)
-    ex = modes.lower(mod, target, database=db, layout=layout)
+    ex = modes.lower(mod, target, database=db, layout=layout, winograd=winograd)
     return ex, BuildReport(bn_report, list(dict.fromkeys(db.applied)),
                            list(dict.fromkeys(db.missing)), log_dirs)
 
@@ -317,11 +325,16 @@ def _check_layout(layout, target, bn):
     return layout
 
 
-def _build_relax(mod, target, params, bn, db, layout="auto"):
+def _check_winograd(winograd) -> None:
+    if not isinstance(winograd, bool):
+        raise TypeError(f"winograd: expected True or False, got {winograd!r}")
+
+
+def _build_relax(mod, target, params, bn, db, layout="auto", winograd=True):
     modes = _relax_modes()
     if modes is not None:
         mod = modes.apply_bn_mode(mod, bn, params, target)
-        return modes.lower(mod, target, database=db, layout=layout)
+        return modes.lower(mod, target, database=db, layout=layout, winograd=winograd)
     # Seam: without topi_bn.relax, TVM's own legalization and the same pass order as lower().
     if bn != "fused":
         raise ValueError(f"bn: {bn!r} needs topi_bn.relax, which this installation lacks")

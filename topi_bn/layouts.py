@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
-    "unpack_weight", "data_index_map", "weight_index_map",
+    "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
 ]
 
 
@@ -191,3 +191,27 @@ def weight_index_map(cb: int, kb: int):
     _check_block("cb", cb)
     _check_block("kb", kb)
     return lambda k, c, h, w: (k // kb, c // cb, h, w, c % cb, k % kb)
+
+
+def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
+    """OIHW 3x3 (K, C, 3, 3) -> the Winograd-transformed weight (alpha, alpha, K/kb, C/cb, cb,
+    kb), alpha = ``tile + 2``: :math:`U = G w G^T` per channel pair (computed in float64, cast
+    to ``w``'s dtype), blocked as the data (``cb``) and output (``kb``) channels
+    (:mod:`topi_bn.compute.conv2d_winograd_nchwc`). NumPy only: the build transforms a
+    constant weight once."""
+    from .compute.conv2d_winograd_nchwc import winograd_matrices
+
+    k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
+    if (kh, kw) != (3, 3):
+        raise ValueError(f"w: expected a 3x3 kernel (K, C, 3, 3), got {(k, c, kh, kw)}")
+    if _is_te(w):
+        raise TypeError("w: expected a NumPy array (the Winograd weight is transformed at build "
+                        "time), got a te.Tensor")
+    _check_block("cb", cb, c, "input channels of w")
+    _check_block("kb", kb, k, "output channels of w")
+    _, _, g = winograd_matrices(tile)
+    w = np.asarray(w)
+    u = np.einsum("ai,kcij,bj->abkc", g, w.astype(np.float64), g)
+    alpha = tile + 2
+    u = u.reshape(alpha, alpha, k // kb, kb, c // cb, cb).transpose(0, 1, 2, 4, 5, 3)
+    return np.ascontiguousarray(u.astype(w.dtype))

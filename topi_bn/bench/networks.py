@@ -9,6 +9,8 @@ implementation                  what runs
                                 tuning_logs="shipped")``; on a CPU target
                                 ``fused`` and ``folded`` run the blocked layout
 ``topi-bn fused NCHW (...)``    the same with ``layout="keep"``: the NCHW kernels
+``topi-bn fused direct (...)``  the blocked build with ``winograd=False``: every conv on
+                                the direct kernel
 ``topi-bn unpacked (...)``      TVM's own decomposition and lowering: the baseline
 ``torch``                       the model in eval mode under ``no_grad``
 ``onnxruntime``                 the ONNX export below, ``ORT_ENABLE_ALL``
@@ -291,11 +293,13 @@ class NetworkImpl:
 
 class TopiBnBuild(NetworkImpl):
     """The network imported through ``path`` and built with ``topi_bn.build(bn=mode,
-    layout=layout)``; ``layout="keep"`` (the NCHW kernels) is named ``topi-bn <mode> NCHW``."""
+    layout=layout, winograd=winograd)``; ``layout="keep"`` (the NCHW kernels) is named
+    ``topi-bn <mode> NCHW``, ``winograd=False`` ``topi-bn <mode> direct``."""
 
-    def __init__(self, mode: str, path: str, layout: str = "auto"):
-        self.mode, self.path, self.layout = mode, path, layout
-        self.name = f"topi-bn {mode}{' NCHW' if layout == 'keep' else ''} ({path})"
+    def __init__(self, mode: str, path: str, layout: str = "auto", winograd: bool = True):
+        self.mode, self.path, self.layout, self.winograd = mode, path, layout, winograd
+        variant = " NCHW" if layout == "keep" else "" if winograd else " direct"
+        self.name = f"topi-bn {mode}{variant} ({path})"
         self.kind = "baseline" if mode == "unpacked" else "topi-bn"
 
     def prepare(self, ctx):
@@ -306,6 +310,7 @@ class TopiBnBuild(NetworkImpl):
         mod = ctx.cached(f"import:{self.path}", lambda: IMPORT_PATHS[self.path](ctx))
         import_s = time.perf_counter() - t0
         info = {"mode": self.mode, "path": self.path, "layout": self.layout,
+                "winograd": self.winograd,
                 **kernel_counts(*apply_bn_mode(mod, self.mode, return_report=True))}
         log, logger = _RecordLog(), logging.getLogger("topi_bn")
         level = logger.level
@@ -314,7 +319,7 @@ class TopiBnBuild(NetworkImpl):
         try:
             t0 = time.perf_counter()
             ex = build(mod, ctx.target, bn=self.mode, tuning_logs=ctx.tuning_logs,
-                       layout=self.layout)
+                       layout=self.layout, winograd=self.winograd)
             build_s = time.perf_counter() - t0
         finally:
             logger.removeHandler(log)
@@ -327,7 +332,7 @@ class TopiBnBuild(NetworkImpl):
         # taken minutes apart are timed in turns with the build they are compared with: an
         # ONNX build with the torch.export build of its mode, the folded torch.export build
         # with the fused one.
-        if self.path == "torch.export":
+        if self.path == "torch.export" and self.winograd:
             ctx.put(f"run:{self.mode}:{self.layout}", run)
         timer = None
         partner = self._partner()
@@ -338,10 +343,14 @@ class TopiBnBuild(NetworkImpl):
                         timer=timer)
 
     def _label(self) -> str:
+        if not self.winograd:
+            return "direct"
         return self.path if self.path == "ONNX" else self.mode
 
     def _partner(self) -> tuple[str, str] | None:
         """(label, context key) of the build this one is timed in turns with, if any."""
+        if not self.winograd:
+            return self.mode, f"run:{self.mode}:{self.layout}"
         if self.path == "ONNX":
             return "torch.export", f"run:{self.mode}:{self.layout}"
         if self.mode == "folded" and self.layout == "auto":
@@ -386,6 +395,7 @@ class OnnxRuntime(NetworkImpl):
 NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
     TopiBnBuild("fused", "torch.export"), TopiBnBuild("fused", "ONNX"),
     TopiBnBuild("fused", "torch.export", layout="keep"),
+    TopiBnBuild("fused", "torch.export", winograd=False),
     TopiBnBuild("folded", "torch.export"), TopiBnBuild("folded", "ONNX"),
     TopiBnBuild("opaque", "torch.export"), TopiBnBuild("unpacked", "torch.export"),
     TorchEager(), OnnxRuntime(),

@@ -20,6 +20,7 @@ from .timing import Timing
 
 __all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
            "geomean_speedups", "format_networks", "import_path_ratios", "fused_folded_ratios",
+           "winograd_ratios",
            "results_markdown",
            "entry_name"]
 
@@ -313,7 +314,8 @@ def import_path_ratios(results: Sequence[Result]) -> list[str]:
     timing in turns when the run made one (:func:`topi_bn.bench.networks`), else from the two
     rows."""
     by = {(r.workload, r.extra.get("mode"), r.extra.get("layout"), r.extra.get("path")): r
-          for r in results if r.timing is not None and "path" in r.extra}
+          for r in results if r.timing is not None and "path" in r.extra
+          and r.extra.get("winograd", True)}
     lines = []
     for (net, mode, layout, path), r in by.items():
         other = by.get((net, mode, layout, "torch.export"))
@@ -329,17 +331,31 @@ def import_path_ratios(results: Sequence[Result]) -> list[str]:
     return lines
 
 
+def _in_turns(results: Sequence[Result], first: str, second: str) -> list[tuple[str, float, float]]:
+    """``(network, first ms, second ms)`` of the rows timed in turns with labels ``first`` and
+    ``second`` (:func:`topi_bn.bench.networks`)."""
+    found = []
+    for r in results:
+        turns = r.extra.get("in_turns_ms") if r.timing is not None else None
+        if turns and set(turns) == {first, second}:
+            found.append((r.workload, turns[first], turns[second]))
+    return found
+
+
 def fused_folded_ratios(results: Sequence[Result]) -> list[str]:
     """Per network: the fused build's time over the folded build's (torch.export, blocked
     layout), from their timing in turns (:func:`topi_bn.bench.networks`)."""
-    lines = []
-    for r in results:
-        turns = r.extra.get("in_turns_ms") if r.timing is not None else None
-        if turns and set(turns) == {"fused", "folded"}:
-            lines.append(f"- {r.workload}: fused {turns['fused']:.2f} ms, folded "
-                         f"{turns['folded']:.2f} ms (fused / folded "
-                         f"{turns['fused'] / turns['folded']:.3f}, timed in turns)")
-    return lines
+    return [f"- {net}: fused {fused:.2f} ms, folded {folded:.2f} ms (fused / folded "
+            f"{fused / folded:.3f}, timed in turns)"
+            for net, fused, folded in _in_turns(results, "fused", "folded")]
+
+
+def winograd_ratios(results: Sequence[Result]) -> list[str]:
+    """Per network: the fused build's time (3x3 convs by Winograd's algorithm) over the same
+    build with the direct kernel everywhere (``winograd=False``), timed in turns."""
+    return [f"- {net}: fused {fused:.2f} ms, fused direct {direct:.2f} ms (direct / Winograd "
+            f"{direct / fused:.3f}, timed in turns)"
+            for net, fused, direct in _in_turns(results, "fused", "direct")]
 
 
 def _plural(n: int, word: str) -> str:
@@ -410,4 +426,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         if ratios:
             lines += ["Fused and folded builds (torch.export, blocked layout):", "", *ratios,
                       ""]
+        ratios = winograd_ratios(networks)
+        if ratios:
+            lines += ["3x3 convs by Winograd's algorithm or the direct kernel (fused, "
+                      "torch.export, blocked layout):", "", *ratios, ""]
     return "\n".join(lines)

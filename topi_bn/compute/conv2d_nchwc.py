@@ -43,7 +43,8 @@ from ..checks import (
 RULE = "topi_bn.conv2d_nchwc"
 DEPTHWISE_RULE = "topi_bn.depthwise_conv2d_nchwc"
 
-__all__ = ["conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc", "RULE", "DEPTHWISE_RULE"]
+__all__ = ["conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc", "blocked_epilogue", "check_residual",
+           "RULE", "DEPTHWISE_RULE"]
 
 
 def conv2d_bn_act_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
@@ -99,7 +100,7 @@ def conv2d_bn_act_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | N
                                         activation, out_dtype)
     eps = check_eps(eps, accum_dtype(dtype))
     scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, dtype, _rule(geo))
-    _check_residual(residual, geo, dtype, out_dtype)
+    check_residual(residual, geo, dtype, out_dtype)
     return _blocked_conv(data, weight, geo, scale, shift, residual, act, out_dtype)
 
 
@@ -119,7 +120,7 @@ def conv2d_shift_act_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.Tensor,
     geo, dtype, act, out_dtype = _check(data, weight, strides, padding, dilation, groups,
                                         activation, out_dtype)
     check_bn_params([("shift", shift)], geo, dtype)
-    _check_residual(residual, geo, dtype, out_dtype)
+    check_residual(residual, geo, dtype, out_dtype)
     return _blocked_conv(data, weight, geo, None, shift, residual, act, out_dtype)
 
 
@@ -128,7 +129,8 @@ def _check(data, weight, strides, padding, dilation, groups, activation, out_dty
         data, weight, strides, padding, dilation, groups), activation, out_dtype)
 
 
-def _check_residual(residual, geo: ConvGeometry, dtype: str, out_dtype: str) -> None:
+def check_residual(residual, geo: ConvGeometry, dtype: str, out_dtype: str) -> None:
+    """``residual`` (or None): float, the output's shape, dtype ``dtype`` or ``out_dtype``."""
     if residual is None:
         return
     rdt = check_float("residual", residual)
@@ -197,6 +199,15 @@ def _blocked_conv(data, weight, geo: ConvGeometry, scale, shift, residual, act: 
                           axis=[rco, ry, rx, rci])
 
     conv = te.compute(geo.out_shape, conv_fn, name="conv", attrs=attrs)
+    return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
+
+
+def blocked_epilogue(conv: te.Tensor, geo: ConvGeometry, scale, shift, residual, act: str,
+                     out_dtype: str, attrs: dict) -> te.Tensor:
+    """Block ``bn_act``: ``act(conv * scale + shift [+ residual])`` cast to ``out_dtype``, on
+    a blocked conv output (``scale`` None: the folded variant, shift only)."""
+    acc = str(conv.dtype)
+    kb = geo.out_block
 
     def act_fn(n, ko, oy, ox, ki):
         k = ko * kb + ki

@@ -530,14 +530,17 @@ def _backend_pipeline(target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-def pipeline(target: Any, database=None, layout: str = "auto") -> tvm.transform.Pass:
+def pipeline(target: Any, database=None, layout: str = "auto",
+             winograd: bool = True) -> tvm.transform.Pass:
     """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
 
     - for a module of mode ``fused`` or ``folded`` (:func:`apply_bn_mode`) and a CPU (x86, ARM)
       ``target``, first the whole network in the blocked channel layout
       (:class:`~topi_bn.relax.blocked.BlockedLayout`: blocked conv kernels with weights packed
       at build time, residual adds fused into them, the ops between them blocked), unless
-      ``layout="keep"`` (see :data:`LAYOUTS`);
+      ``layout="keep"`` (see :data:`LAYOUTS`); with ``winograd`` its 3x3 stride-1 convs with
+      constant float32 weights and >= 32 channels run Winograd's algorithm
+      (:mod:`topi_bn.compute.conv2d_winograd_nchwc`);
     - legalization through the topi-bn registration, without scheduling at legalize time,
       so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
       a module of mode ``unpacked`` is lowered by TVM alone;
@@ -564,7 +567,7 @@ def pipeline(target: Any, database=None, layout: str = "auto") -> tvm.transform.
         ours_too = mode != "unpacked"
         first = []
         if _blocked(layout, target, mode):
-            first.append(BlockedLayout(target))
+            first.append(BlockedLayout(target, winograd))
         first.append(StripKernelDescriptions())
         legalize = list(rp.legalize_passes(target))
         names = [p.info.name for p in legalize]
@@ -596,10 +599,10 @@ def pipeline(target: Any, database=None, layout: str = "auto") -> tvm.transform.
     return _pipeline
 
 
-def lower(mod: tvm.IRModule, target: Any, database=None,
-          layout: str = "auto") -> relax.VMExecutable:
+def lower(mod: tvm.IRModule, target: Any, database=None, layout: str = "auto",
+          winograd: bool = True) -> relax.VMExecutable:
     """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`
-    (``layout``: one of :data:`LAYOUTS`).
+    (``layout``: one of :data:`LAYOUTS`; ``winograd``: see :func:`pipeline`).
 
     Returns the executable: ``relax.VirtualMachine(lower(mod, target), dev)``.
     """
@@ -609,4 +612,5 @@ def lower(mod: tvm.IRModule, target: Any, database=None,
     if layout == "blocked":
         mode = str(mod.attrs.get(MODE_ATTR, "")) if mod.attrs is not None else ""
         check_layout(layout, target, mode)
-    return tvm.compile(mod, target=target, relax_pipeline=pipeline(target, database, layout))
+    return tvm.compile(mod, target=target,
+                       relax_pipeline=pipeline(target, database, layout, winograd))

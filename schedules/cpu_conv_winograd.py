@@ -1,0 +1,160 @@
+"""CPU schedule of the Winograd blocked conv (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
+
+Three parallel passes, each over data that stays in the caches a thread works on:
+
+- input transform: one task per (channel block, tile): the tile's ``alpha x alpha`` input
+  vectors, ``B^T d`` then ``(.) B`` unrolled (the transform matrices are constants, so each
+  step is a few vector adds and multiplies), the padding read in place;
+- products (``wino_gemm``, the anchor): one task per ``(eps, nu, output-channel chunk)``; a
+  register tile of ``oc_blocks x tile_block`` accumulator vectors (channel blocks x tiles, the
+  channel lanes vectorized) over the whole channel reduction: per input channel one weight
+  vector per block and one broadcast value per tile, as in the direct kernel's micro-kernel
+  (:mod:`.cpu_conv_nchwc`);
+- output transform and epilogue: one task per (output-channel block, row of tiles); per tile
+  ``A^T M`` then ``(.) A`` unrolled, then BN, residual and activation before the only store.
+
+:class:`WinogradConfig` holds the knobs; its default reads the vector registers from the target
+(:func:`~topi_bn.schedules.cpu.cpu_params`). ``tile_block`` is also the compute's padding of
+the tile count (:func:`winograd_tile_block`, which the graph pass asks), so a register tile is
+never partial.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm.target import Target
+
+from .common import inline_consumers, op_blocks
+from .cpu_conv_nchwc import _divisors, _extent, _knob, _tile
+
+__all__ = ["WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
+
+
+@dataclass(frozen=True)
+class WinogradConfig:
+    """Knobs of the Winograd conv's products.
+
+    Attributes
+    ----------
+    oc_blocks : int
+        Output-channel blocks in a register tile (divides K/kb).
+    tile_block : int
+        Tiles in a register tile (divides the padded tile count).
+    unroll : int
+        ``pragma_auto_unroll_max_step`` of the products' tasks.
+    """
+
+    oc_blocks: int
+    tile_block: int
+    unroll: int = 0
+
+    @staticmethod
+    def positions(p, oc_blocks: int) -> int:
+        """Most tiles a register tile of ``oc_blocks`` blocks holds: ``oc_blocks * (tiles + 1)
+        + 1`` vectors are live (accumulators, weights, one broadcast), as in
+        :meth:`~.cpu_conv_nchwc.NchwcConvConfig.max_positions`."""
+        return max(1, (p.vector_registers - 1) // oc_blocks - 1)
+
+    @classmethod
+    def preferred_oc_blocks(cls, p) -> int:
+        """Two blocks with 16 vector registers (2 x 6 accumulators), four with 32 (4 x 6)."""
+        return 4 if p.vector_registers >= 32 else 2
+
+    @classmethod
+    def default(cls, p, oc_chunks: int, padded_tiles: int) -> "WinogradConfig":
+        kt = max(_divisors(oc_chunks, cls.preferred_oc_blocks(p)))
+        most = cls.positions(p, kt)
+        return cls(oc_blocks=kt, tile_block=max(_divisors(padded_tiles, most)))
+
+
+def winograd_tile_block(target: Target) -> int:
+    """The tile count's padding for ``target``: the default register tile's tiles."""
+    from .cpu import cpu_params
+
+    p = cpu_params(target)
+    return WinogradConfig.positions(p, WinogradConfig.preferred_oc_blocks(p))
+
+
+def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunable: bool,
+                           config: WinogradConfig | None = None) -> None:
+    """Schedule the Winograd conv whose products are block ``gemm`` (see the module
+    docstring). ``config`` overrides the default knobs of an untuned schedule."""
+    from .cpu import cpu_params
+
+    p = cpu_params(target)
+    blocks = op_blocks(sch, gemm)
+    act = blocks["bn_act"]
+    inline_consumers(sch, act)
+    _, _, oc_chunks, padded_tiles, _ = (int(iv.dom.extent) for iv in sch.get(gemm).iter_vars[:5])
+    cfg = config or WinogradConfig.default(p, oc_chunks, padded_tiles)
+    _input_transform(sch, blocks)
+    _products(sch, gemm, cfg, tunable, p)
+    _output_transform(sch, blocks)
+
+
+def _input_transform(sch, blocks) -> None:
+    v, tin = blocks["wino_v"], blocks["wino_in"]
+    eps, nu, c, t, ci, rb = sch.get_loops(v)
+    sch.reorder(c, t, eps, nu, rb, ci)
+    task = sch.fuse(c, t)
+    sch.parallel(task)
+    sch.compute_at(tin, task)
+    for lp in (eps, nu, rb):
+        sch.unroll(lp)
+    sch.vectorize(ci)
+    t_eps, t_x, t_ci, t_ra = sch.get_loops(tin)[1:]
+    sch.reorder(t_eps, t_x, t_ra, t_ci)
+    for lp in (t_eps, t_x, t_ra):
+        sch.unroll(lp)
+    sch.vectorize(t_ci)
+    sch.compute_inline(blocks["pad"])
+
+
+def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
+    eps, nu, k, t, ki, rco, rci = sch.get_loops(gemm)
+    ko, kt = sch.split(k, _tile(sch, tunable, k, [None, cfg.oc_blocks], 4))
+    most = WinogradConfig.positions(p, 1)
+    to, tt = sch.split(t, _tile(sch, tunable, t, [None, cfg.tile_block], most))
+    sch.reorder(eps, nu, ko, to, rco, rci, tt, kt, ki)
+    task = sch.fuse(eps, nu, ko)
+    sch.parallel(task)
+    unroll = _knob(sch, tunable, [0, 16, 64], cfg.unroll)
+    sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(task, "pragma_unroll_explicit", 1)
+    acc = sch.cache_write(gemm, 0, "local")
+    sch.reverse_compute_at(acc, to)
+    for lp in (rci, tt, kt):
+        sch.unroll(lp)
+    sch.vectorize(ki)
+    init = sch.decompose_reduction(gemm, rco)
+    for block in (init, acc):
+        loops = sch.get_loops(block)
+        inner = [lp for lp in loops[loops.index(next(
+            lp for lp in loops if sch.get(lp).same_as(sch.get(to)))) + 1:]]
+        for lp in inner[:-1]:
+            sch.unroll(lp)
+        sch.vectorize(inner[-1])
+
+
+def _output_transform(sch, blocks) -> None:
+    act, y, tout = blocks["bn_act"], blocks["wino_y"], blocks["wino_out"]
+    m = _extent(sch, sch.get_loops(tout)[0])
+    n, k, oy, ox, ki = sch.get_loops(act)
+    oy_o, oy_i = sch.split(oy, [None, m])
+    ox_o, ox_i = sch.split(ox, [None, m])
+    sch.reorder(n, k, oy_o, ox_o, oy_i, ox_i, ki)
+    sch.parallel(sch.fuse(n, k, oy_o))
+    sch.compute_at(y, ox_o)
+    sch.compute_at(tout, ox_o)
+    for lp in (oy_i, ox_i):
+        sch.unroll(lp)
+    sch.vectorize(ki)
+    for block in (y, tout):
+        loops = sch.get_loops(block)
+        at = [sch.get(lp).same_as(sch.get(ox_o)) for lp in loops].index(True)
+        *spatial, lanes, red = loops[at + 1:]
+        sch.reorder(*spatial, red, lanes)
+        for lp in (*spatial, red):
+            sch.unroll(lp)
+        sch.vectorize(lanes)

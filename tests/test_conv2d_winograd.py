@@ -1,0 +1,195 @@
+"""The Winograd blocked conv (``conv2d_bn_act_winograd_nchwc`` and its folded variant), its
+weight transform and its schedule: numerics against the float64 reference of the direct conv,
+argument errors. Where the graph pass chooses it: tests/test_blocked_layout.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import topi_bn
+from topi_bn import layouts as L
+from topi_bn import reference as ref
+from topi_bn.compute.conv2d_winograd_nchwc import winograd_matrices
+from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.testing import assert_close, run_te
+
+
+def _problem(rng, n, c, h, w, k, tile, residual, cb=8, kb=8):
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)
+    arrays = {
+        "data": L.nchw_to_nchwc(x, cb).astype("float32"),
+        "weight": L.pack_winograd_weight(wt.astype("float32"), tile, cb, kb),
+        "gamma": rng.uniform(0.5, 1.5, k).astype("float32"),
+        "beta": rng.standard_normal(k).astype("float32"),
+        "mean": (rng.standard_normal(k) * 0.5).astype("float32"),
+        "var": rng.uniform(0.5, 2.0, k).astype("float32"),
+    }
+    if residual:
+        arrays["residual"] = rng.standard_normal((n, k // kb, h, w, kb)).astype("float32")
+    # the reference: the direct conv of the untransformed weight (float32 values), in float64
+    direct = L.pack_weight(wt.astype("float32"), cb, kb)
+    return arrays, direct
+
+
+def _reference(arrays, direct, act):
+    bn = [arrays[n] for n in ("gamma", "beta", "mean", "var")]
+    return ref.conv2d_bn_act_nchwc(arrays["data"], direct, *bn, residual=arrays.get("residual"),
+                                   padding=1, eps=1e-3, activation=act)
+
+
+def _placeholders(arrays):
+    return {name: te.placeholder(a.shape, str(a.dtype), name=name) for name, a in arrays.items()}
+
+
+CASES = [
+    # id, (n, c, h, w, k), tile, tile_block, activation, residual
+    ("16x16_tile4", (1, 16, 16, 16, 16), 4, 6, "relu", False),
+    ("odd_map_tile4", (2, 8, 13, 11, 24), 4, 6, "relu6", True),
+    ("odd_map_tile2", (1, 16, 7, 9, 8), 2, 4, "none", True),
+    ("one_tile_per_block", (1, 8, 6, 6, 16), 2, 1, "relu", False),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _run(rng, case, schedule):
+    _, (n, c, h, w, k), tile, tile_block, act, residual = case
+    arrays, direct = _problem(rng, n, c, h, w, k, tile, residual)
+    ph = _placeholders(arrays)
+    out = topi_bn.compute.conv2d_bn_act_winograd_nchwc(
+        *[ph[n] for n in ("data", "weight", "gamma", "beta", "mean", "var")],
+        residual=ph.get("residual"), tile=tile, tile_block=tile_block, eps=1e-3, activation=act)
+    target = "x86-avx2" if schedule else "llvm"
+    (got,) = run_te(list(ph.values()), out, list(arrays.values()), target=target,
+                    schedule=schedule)
+    expect = _reference(arrays, direct, act)
+    assert got.shape == expect.shape == (n, k // 8, h, w, 8)
+    assert_close(got, expect, "float32", scale=2.0)
+    if act == "relu6":
+        assert float(got.max()) <= 6.0
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_the_direct_reference_unscheduled(rng, case):
+    _run(rng, case, schedule=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_the_direct_reference_scheduled(rng, case):
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+    _run(rng, case, schedule=True)
+
+
+def test_shift_variant_equals_bn_with_scaled_weights(rng):
+    """The folded variant: the transform of the weight times the BN scale, plus the shift."""
+    n, c, h, w, k = 1, 8, 9, 10, 16
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((k, c, 3, 3)) / 6
+    scale, shift = rng.uniform(0.5, 1.5, k), rng.standard_normal(k)
+    folded = (wt * scale[:, None, None, None]).astype("float32")
+    arrays = [L.nchw_to_nchwc(x, 8).astype("float32"), L.pack_winograd_weight(folded, 4, 8, 8),
+              shift.astype("float32")]
+    ph = [te.placeholder(a.shape, "float32", name=f"a{i}") for i, a in enumerate(arrays)]
+    out = topi_bn.compute.conv2d_shift_act_winograd_nchwc(*ph, tile=4, tile_block=6,
+                                                          activation="relu")
+    (got,) = run_te(ph, out, arrays)
+    expect = ref.conv2d_shift_act_nchwc(arrays[0], L.pack_weight(folded, 8, 8), arrays[2],
+                                        padding=1, activation="relu")
+    assert_close(got, expect, "float32", scale=2.0)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_weight_transform_is_g_w_gt_per_channel_pair(rng, tile):
+    w = rng.standard_normal((16, 24, 3, 3)).astype("float32")
+    u = L.pack_winograd_weight(w, tile, 8, 8)
+    alpha = tile + 2
+    assert u.shape == (alpha, alpha, 2, 3, 8, 8) and u.dtype == np.float32
+    _, _, g = winograd_matrices(tile)
+    k, c = 13, 17  # output block 1 lane 5, input block 2 lane 1
+    np.testing.assert_allclose(u[:, :, 1, 2, 1, 5], g @ w[k, c].astype(np.float64) @ g.T,
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_transform_matrices_compute_a_3x3_correlation(rng):
+    """A^T [(G g G^T) * (B^T d B)] A is the valid 3x3 correlation of an (m+2)^2 tile."""
+    for tile in (2, 4):
+        a, b, g = winograd_matrices(tile)
+        d = rng.standard_normal((tile + 2, tile + 2))
+        k = rng.standard_normal((3, 3))
+        got = a.T @ ((g @ k @ g.T) * (b.T @ d @ b)) @ a
+        want = np.array([[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(tile)]
+                         for i in range(tile)])
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def _call(**over):
+    args = dict(data=te.placeholder((1, 2, 8, 8, 8), "float32", "data"),
+                weight=te.placeholder((6, 6, 2, 2, 8, 8), "float32", "weight"),
+                shift=te.placeholder((16,), "float32", "shift"))
+    kw = dict(tile=4)
+    for key, value in over.items():
+        (args if key in args else kw)[key] = value
+    return lambda: topi_bn.compute.conv2d_shift_act_winograd_nchwc(
+        args["data"], args["weight"], args["shift"], **kw)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (_call(tile=3), ValueError, r"^tile: expected one of \(2, 4\), got 3"),
+    (_call(tile_block=0), ValueError, r"^tile_block: expected an int >= 1"),
+    (_call(weight=te.placeholder((4, 4, 2, 2, 8, 8), "float32", "w")), ValueError,
+     r"^weight: expected \(6, 6, K/kb, C/cb, cb, kb\) for tile=4"),
+    (_call(weight=te.placeholder((6, 6, 2, 2, 8), "float32", "w")), ValueError, r"^weight: "),
+    (_call(data=te.placeholder((1, 2, 8, 8, 8), "float16", "d"),
+           weight=te.placeholder((6, 6, 2, 2, 8, 8), "float16", "w")), TypeError,
+     r"^data: the Winograd conv takes float32"),
+    (_call(shift=te.placeholder((8,), "float32", "s")), ValueError, r"^shift: "),
+])
+def test_argument_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: L.pack_winograd_weight(np.zeros((8, 8, 1, 1), "float32"), 4, 8, 8),
+     r"^w: expected a 3x3 kernel"),
+    (lambda: L.pack_winograd_weight(np.zeros((8, 12, 3, 3), "float32"), 4, 8, 8), r"^cb: "),
+    (lambda: L.pack_winograd_weight(np.zeros((8, 8, 3, 3), "float32"), 3, 8, 8), r"^tile: "),
+])
+def test_weight_transform_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_schedule_is_tunable_and_starts_at_the_default():
+    """The template samples the register tile, and its initial decisions are the defaults."""
+    from topi_bn.schedules import common
+
+    target = resolve_target("x86-avx2")
+    ph = [te.placeholder((1, 4, 14, 14, 8), "float32", "data"),
+          te.placeholder((4, 4, 4, 4, 8, 8), "float32", "weight"),
+          te.placeholder((32,), "float32", "shift")]
+    out = topi_bn.compute.conv2d_shift_act_winograd_nchwc(*ph, tile=2, tile_block=6)
+    mod = tvm.IRModule({"main": te.create_prim_func(ph + [out])})
+    tuned = tvm.s_tir.Schedule(mod)
+    assert common.schedule_function(tuned, target, tunable=True)
+    kinds = {inst.kind.name for inst in tuned.trace.insts}
+    assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
+    untuned = tvm.s_tir.Schedule(mod)
+    common.schedule_function(untuned, target, tunable=False)
+    tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+    text = untuned.mod.script()
+    assert "T.parallel" in text and "T.vectorized" in text
+
+
+def test_refuses_cuda():
+    from topi_bn.schedules import apply_default_schedules
+
+    ph = [te.placeholder((1, 1, 8, 8, 8), "float32", "data"),
+          te.placeholder((6, 6, 1, 1, 8, 8), "float32", "weight"),
+          te.placeholder((8,), "float32", "shift")]
+    out = topi_bn.compute.conv2d_shift_act_winograd_nchwc(*ph)
+    with pytest.raises(ValueError, match=r"^target: topi_bn.conv2d_winograd_nchwc"):
+        apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}), "cuda")

@@ -1,0 +1,205 @@
+"""3x3 conv2d + inference batch-norm + activation (+ residual add) by Winograd's minimal
+filtering, in the blocked channel layout.
+
+:math:`F(m \\times m, 3 \\times 3)` (Lavin and Gray, CVPR 2016) computes each ``m x m`` output
+tile from an ``(m + 2) x (m + 2)`` input tile with ``(m + 2)^2`` multiplies per input/output
+channel pair instead of ``9 m^2``: 4x fewer for ``m = 4``, 2.25x for ``m = 2``. With
+:math:`\\alpha = m + 2`, per tile ``p`` and channel block:
+
+.. math::
+
+    V_{\\epsilon\\nu, c, p} = (B^T d_{c,p} B)_{\\epsilon\\nu}, \\qquad
+    M_{\\epsilon\\nu, k, p} = \\sum_c U_{\\epsilon\\nu, k, c} V_{\\epsilon\\nu, c, p}, \\qquad
+    Y_{k, p} = A^T M_{k, p} A, \\qquad U_{k,c} = G\\, w_{k,c}\\, G^T
+
+followed by the epilogue of :mod:`.conv2d_nchwc` (BN scale and shift, residual, activation).
+The middle step is :math:`\\alpha^2` matrix products over the channels, the bulk of the work;
+the transforms are elementwise over channel blocks. ``U`` is the weight transformed once, by
+:func:`topi_bn.layouts.pack_winograd_weight` (the build does it for a constant weight), so a
+kernel reads :math:`\\alpha^2 / 9` times the bytes of the direct kernel's weight: the price of
+the saved multiplies, which is why large tiles suit large maps. A, B and G are TVM's (the
+interpolation points of Barabasz et al., 2018, chosen for float32 accuracy).
+
+Only float32 (Winograd's transforms add rounding that float16 cannot absorb), stride 1,
+dilation 1, padding 1 ("same" 3x3 convs, groups 1). Layouts as in :mod:`.conv2d_nchwc`: data
+NCHW[cb]c, output NCHW[kb]c; the weight is (alpha, alpha, K/kb, C/cb, cb, kb).
+
+Blocks (all tagged ``schedule_rule = "topi_bn.conv2d_winograd_nchwc"``): ``pad``, ``bn_scale`` /
+``bn_shift`` (:func:`conv2d_bn_act_winograd_nchwc` only), ``wino_in`` and ``wino_v`` (input
+transform, ``B^T d`` then ``(.) B``), ``wino_gemm`` (the products, the schedule's anchor;
+reduction ``rco, rci``), ``wino_out`` and ``wino_y`` (output transform, ``A^T M`` then ``(.) A``)
+and ``bn_act``. The tiles are counted over the batch and the map (``N * ceil(OH/m) *
+ceil(OW/m)``) and padded with zero tiles to a multiple of ``tile_block``, the schedule's
+register tile of the products.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import te
+
+from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
+from .conv2d_nchwc import blocked_epilogue, check_residual
+from ..checks import _ShapeOnly, check_eps, check_rank, check_te_tensors, conv_geometry_nchwc
+
+RULE = "topi_bn.conv2d_winograd_nchwc"
+TILES = (2, 4)
+
+__all__ = ["conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
+           "winograd_matrices", "RULE", "TILES"]
+
+
+@functools.lru_cache(maxsize=None)
+def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(A, B, G)`` of :math:`F(m \\times m, 3 \\times 3)`, float64, shapes (alpha, m),
+    (alpha, alpha) and (alpha, 3): TVM's Cook-Toom construction
+    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    if tile not in TILES:
+        raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
+    a, b, g = _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)
+    return (np.asarray(a, np.float64), np.asarray(b, np.float64), np.asarray(g, np.float64))
+
+
+def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
+                                 beta: te.Tensor | None, mean: te.Tensor, var: te.Tensor,
+                                 bias: te.Tensor | None = None,
+                                 residual: te.Tensor | None = None, *, tile: int = 4,
+                                 tile_block: int = 1, eps: float = 1e-5,
+                                 activation: str | None = "relu",
+                                 out_dtype: str | None = None) -> te.Tensor:
+    """Fused 3x3 conv2d (stride 1, padding 1) -> [bias add] -> batch_norm(inference) ->
+    [residual add] -> activation, by Winograd :math:`F(m \\times m, 3 \\times 3)`, blocked.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        5-D (N, C/cb, H, W, cb), float32.
+    weight : te.Tensor
+        6-D (alpha, alpha, K/kb, C/cb, cb, kb), alpha = ``tile + 2``: the transformed weight
+        (:func:`topi_bn.layouts.pack_winograd_weight`), float32.
+    gamma, beta, mean, var, bias, residual, eps, activation, out_dtype
+        As in :func:`topi_bn.compute.conv2d_bn_act_nchwc`.
+    tile : {2, 4}
+        Output tile ``m``.
+    tile_block : int
+        >= 1: the tile count is padded to a multiple of it (zero tiles; the products' register
+        tile).
+
+    Returns
+    -------
+    te.Tensor
+        5-D (N, K/kb, H, W, kb).
+    """
+    check_te_tensors(("gamma", "beta", "bias", "residual"), data=data, weight=weight,
+                     gamma=gamma, beta=beta, mean=mean, var=var, bias=bias, residual=residual)
+    geo, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
+    eps = check_eps(eps, "float32")
+    scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, "float32", RULE)
+    check_residual(residual, geo, "float32", out_dtype)
+    return _winograd(data, weight, geo, tile, tile_block, scale, shift, residual, act, out_dtype)
+
+
+def conv2d_shift_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.Tensor,
+                                    residual: te.Tensor | None = None, *, tile: int = 4,
+                                    tile_block: int = 1, activation: str | None = "relu",
+                                    out_dtype: str | None = None) -> te.Tensor:
+    """The folded variant: ``weight`` is the transform of the weight that carries the BN
+    scale; ``shift`` is 1-D (K,), float32. Otherwise as
+    :func:`conv2d_bn_act_winograd_nchwc`."""
+    check_te_tensors(("residual",), data=data, weight=weight, shift=shift, residual=residual)
+    geo, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
+    check_bn_params([("shift", shift)], geo, "float32")
+    check_residual(residual, geo, "float32", out_dtype)
+    return _winograd(data, weight, geo, tile, tile_block, None, shift, residual, act, out_dtype)
+
+
+def _check(data, weight, tile, tile_block, activation, out_dtype):
+    if tile not in TILES or isinstance(tile, bool):
+        raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
+    if not isinstance(tile_block, int) or isinstance(tile_block, bool) or tile_block < 1:
+        raise ValueError(f"tile_block: expected an int >= 1, got {tile_block!r}")
+    alpha = tile + 2
+
+    def geometry():
+        wshape = check_rank("weight", weight, 6, " (alpha, alpha, K/kb, C/cb, cb, kb), the "
+                            "Winograd-transformed weight")
+        if tuple(wshape[:2]) != (alpha, alpha):
+            raise ValueError(f"weight: expected ({alpha}, {alpha}, K/kb, C/cb, cb, kb) for "
+                             f"tile={tile}, got {wshape}")
+        ko, co, cb, kb = wshape[2:]
+        return conv_geometry_nchwc(data, _ShapeOnly((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
+
+    geo, dtype, act, out_dtype = check_conv_args(data, weight, geometry, activation, out_dtype)
+    if dtype != "float32":
+        raise TypeError(f"data: the Winograd conv takes float32 (its transforms add rounding "
+                        f"that {dtype} cannot absorb), got {dtype}")
+    return geo, act, out_dtype
+
+
+def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual, act: str,
+              out_dtype: str) -> te.Tensor:
+    from tvm.topi.utils import const_matrix
+
+    attrs = {"schedule_rule": RULE}
+    a_np, b_np, _ = winograd_matrices(m)
+    a_mat = const_matrix(a_np.astype("float32"), "wino_A")
+    b_mat = const_matrix(b_np.astype("float32"), "wino_B")
+    alpha = m + 2
+    n_img, cb, kb = geo.batch, geo.in_block, geo.out_block
+    c_chunks, k_chunks = geo.in_channels // cb, geo.out_channels // kb
+    h, w = geo.in_h, geo.in_w
+    tiles_h, tiles_w = -(-h // m), -(-w // m)
+    tiles = n_img * tiles_h * tiles_w
+    padded_tiles = -(-tiles // tile_block) * tile_block
+    zero = tvm.tirx.const(0, "float32")
+
+    def pad_fn(n, c, y, x, ci):
+        inside = tvm.tirx.all(y >= 1, y < h + 1, x >= 1, x < w + 1)
+        return tvm.tirx.if_then_else(inside, data[n, c, y - 1, x - 1, ci], zero)
+
+    padded = te.compute((n_img, c_chunks, tiles_h * m + 2, tiles_w * m + 2, cb), pad_fn,
+                        name="pad", attrs=attrs)
+
+    def corner(p):  # image, first row and column of tile p
+        return p // (tiles_h * tiles_w), (p // tiles_w) % tiles_h * m, p % tiles_w * m
+
+    ra = te.reduce_axis((0, alpha), name="ra")
+
+    def t_in(eps, x, c, p, ci):
+        n, y0, x0 = corner(p)
+        v = padded[n, c, y0 + ra, x0 + x, ci]
+        if padded_tiles != tiles:
+            v = tvm.tirx.if_then_else(p < tiles, v, zero)
+        return te.sum(v * b_mat[ra, eps], axis=[ra])
+
+    vshape = (alpha, alpha, c_chunks, padded_tiles, cb)
+    tin = te.compute(vshape, t_in, name="wino_in", attrs=attrs)
+    rb = te.reduce_axis((0, alpha), name="rb")
+    v = te.compute(vshape, lambda eps, nu, c, p, ci: te.sum(tin[eps, rb, c, p, ci] * b_mat[rb, nu],
+                                                             axis=[rb]),
+                   name="wino_v", attrs=attrs)
+    rco = te.reduce_axis((0, c_chunks), name="rco")
+    rci = te.reduce_axis((0, cb), name="rci")
+    gemm = te.compute((alpha, alpha, k_chunks, padded_tiles, kb),
+                      lambda eps, nu, k, p, ki: te.sum(weight[eps, nu, k, rco, rci, ki]
+                                                       * v[eps, nu, rco, p, rci],
+                                                       axis=[rco, rci]),
+                      name="wino_gemm", attrs=attrs)
+    re_ = te.reduce_axis((0, alpha), name="re")
+    tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
+                      lambda i, nu, k, p, ki: te.sum(gemm[re_, nu, k, p, ki] * a_mat[re_, i],
+                                                     axis=[re_]),
+                      name="wino_out", attrs=attrs)
+    rn = te.reduce_axis((0, alpha), name="rn")
+
+    def y_fn(n, k, oy, ox, ki):
+        p = (n * tiles_h + oy // m) * tiles_w + ox // m
+        return te.sum(tout[oy % m, rn, k, p, ki] * a_mat[rn, ox % m], axis=[rn])
+
+    conv = te.compute(geo.out_shape, y_fn, name="wino_y", attrs=attrs)
+    return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
