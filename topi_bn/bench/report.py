@@ -304,7 +304,9 @@ def _network_work(results: Sequence[Result], ceilings: dict | None) -> str:
         f"{n} {g:.2f} GFLOP" for n, g in gflop.items())
     if (ceilings or {}).get("fma_gflops"):
         text += ("; '% FMA ceiling': that work per second over the FMA ceiling above (at "
-                 "100% the convs alone would take the whole run at the CPU's peak)")
+                 "100% the convs alone would take the whole run at the CPU's peak; over 100%: "
+                 "the 3x3 convs ran Winograd's algorithm, which does fewer multiplies than "
+                 "that work)")
     return text + "."
 
 

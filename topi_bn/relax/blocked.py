@@ -12,7 +12,11 @@ function:
   frontends' default) is packed here, by the build, in NumPy (:func:`topi_bn.layouts.pack_weight`);
   in ``bn="folded"`` that is the weight with the BN scale folded in. A weight that is a function
   parameter is packed at run time by a ``layout_transform`` on every call: bind it
-  (``topi_bn.build(..., params=...)``) to pack it once;
+  (``topi_bn.build(..., params=...)``) to pack it once. A 3x3 stride-1 "same" conv with a
+  constant float32 weight and at least :data:`WINOGRAD_MIN_CHANNELS` channels runs Winograd's
+  algorithm instead (:data:`WINOGRAD_COMPUTES`, :mod:`topi_bn.compute.conv2d_winograd_nchwc`),
+  its weight transformed here (:func:`topi_bn.layouts.pack_winograd_weight`), unless the pass
+  is made with ``winograd=False``;
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
   epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
