@@ -594,3 +594,23 @@ def test_fma_ceiling_counts_the_target_lanes_and_cores():
     one = fma_ceiling(resolve_bench_target("x86-avx2", 1), rounds=3, steps=200_000)
     assert one["fma_how"].startswith("1 thread(s)") and "8-lane" in one["fma_how"]
     assert 5 < one["fma_gflops"] < 1000
+
+
+def test_winograd_implementation_matches_the_nchw_reference():
+    """The per-layer Winograd kernel (the layers a blocked network runs by Winograd's
+    algorithm) is checked against the NCHW layer's float64 reference; other layers are n/a."""
+    from topi_bn.bench.ops import Unavailable, check_output
+
+    wl = W.get("resnet50.conv3x3_256_256_14_s1_relu")
+    arrays = wl.random_inputs()
+    p = bench.prepare("topi-bn Winograd", wl, "x86-avx2", 1, arrays=arrays, tuning_logs=None)
+    p.run()
+    ref = wl.reference(*arrays)[0]
+    assert check_output(wl, p.output(), ref) == "ok"
+    assert check_output(wl, p.output() + 1.0, ref) != "ok"
+    assert "layout conversion" in p.side_costs and "F(2x2, 3x3)" in p.note
+    for name in ("resnet50.conv3x3_128_128_56_s2_relu", "resnet50.conv1x1_64_64_56_s1_relu"):
+        other = W.get(name)
+        with pytest.raises(Unavailable, match="not a Winograd layer"):
+            bench.prepare("topi-bn Winograd", other, "x86-avx2", 1,
+                          arrays=other.random_inputs(), tuning_logs=None)

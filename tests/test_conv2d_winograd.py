@@ -3,6 +3,8 @@ weight transform and its schedule: numerics against the float64 reference of the
 argument errors. Where the graph pass chooses it: tests/test_blocked_layout.py."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -193,3 +195,35 @@ def test_refuses_cuda():
     out = topi_bn.compute.conv2d_shift_act_winograd_nchwc(*ph)
     with pytest.raises(ValueError, match=r"^target: topi_bn.conv2d_winograd_nchwc"):
         apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}), "cuda")
+
+
+@pytest.mark.parametrize("target_name,lanes", [("x86-avx2", 8), ("x86-avx512", 16), ("arm", 4)])
+def test_default_schedule_on_every_cpu_target(target_name, lanes, rng):
+    """The channel block is the vector axis of every pass (one register: the target's lanes),
+    the products' register tile fits the target's registers, and the module compiles for the
+    target; it runs (against the reference) only where this CPU can."""
+    from topi_bn.schedules import apply_default_schedules
+    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.cpu_conv_winograd import WinogradConfig, winograd_tile_block
+
+    target = resolve_target(target_name)
+    tile_block = winograd_tile_block(target)
+    p = cpu_params(target)
+    kt = WinogradConfig.preferred_oc_blocks(p)
+    assert kt * (tile_block + 1) + 1 <= p.vector_registers
+    c = k = 4 * lanes
+    arrays, direct = _problem(rng, 1, c, 10, 10, k, 4, True, cb=lanes, kb=lanes)
+    ph = _placeholders(arrays)
+    out = topi_bn.compute.conv2d_bn_act_winograd_nchwc(
+        *[ph[n] for n in ("data", "weight", "gamma", "beta", "mean", "var")],
+        residual=ph["residual"], tile=4, tile_block=tile_block, eps=1e-3)
+    mod = tvm.IRModule({"main": te.create_prim_func(list(ph.values()) + [out])})
+    mod = apply_default_schedules(mod, target)
+    vec = {int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", mod.script())}
+    assert vec == {lanes}, vec
+    lib = tvm.compile(mod, target=target)
+    if host_can_run(target_name)[0]:
+        got = np.zeros((1, k // lanes, 10, 10, lanes), "float32")
+        args = [tvm.runtime.tensor(a) for a in arrays.values()] + [tvm.runtime.tensor(got)]
+        lib["main"](*args)
+        assert_close(args[-1].numpy(), _reference(arrays, direct, "relu"), "float32", scale=2.0)

@@ -7,6 +7,10 @@ implementation         what runs
 ``topi-bn tuned``      ``topi_bn.build(prim_func, target, tuning_logs="shipped")``:
                        the topi-bn kernel with the shipped tuning records where the log
                        has one for the workload, else the default schedule
+``topi-bn blocked``    the layer's blocked-layout (NCHW[x]c) direct kernel, as a network
+                       build runs it (:class:`TopiBnBlocked`)
+``topi-bn Winograd``   the layer's Winograd kernel where a blocked network build uses one
+                       (3x3 stride 1, >= 32 channels; :class:`TopiBnWinograd`), else n/a
 ``topi-bn untuned``    :func:`topi_bn.schedules.apply_default_schedules` + ``tvm.compile``
 ``TVM unpacked``       the Relax op graph (conv2d -> batch_norm -> act; batch_norm;
                        layer_norm) lowered by TVM alone: ``DecomposeOpsForInference``
@@ -310,6 +314,59 @@ class TopiBnBlocked(OpImpl):
         return Prepared(run, output, note=note, side_costs={"layout conversion": convert})
 
 
+class TopiBnWinograd(OpImpl):
+    """The layers a blocked network build runs by Winograd's algorithm
+    (:func:`topi_bn.relax.blocked.winograd_tile`): the kernel
+    :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc` with its default schedule, timed as
+    :class:`TopiBnBlocked` is, on inputs already blocked, the weight transformed once, untimed
+    (the build does it for a constant weight). Other layers: ``n/a``."""
+
+    name = "topi-bn Winograd"
+    ops = ("conv2d_bn_relu",)
+
+    def prepare(self, wl, ctx):
+        import tvm
+        from tvm import te
+
+        from ..compute import conv2d_bn_act_winograd_nchwc
+        from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_winograd_weight
+        from ..relax.blocked import winograd_tile
+        from ..schedules import apply_default_schedules
+        from ..schedules.cpu_conv_winograd import winograd_tile_block
+        from ..targets import target_family
+
+        if target_family(ctx.target) == "cuda":
+            raise Unavailable("the blocked-layout kernel is CPU-only")
+        p = wl.params
+        x, w, *bn = ctx.arrays
+        tile = None
+        if p.get("layout", "NCHW") == "NCHW" and len(bn) == 4:
+            tile = winograd_tile(x.shape, w.shape, str(x.dtype), p.get("strides", 1),
+                                 p.get("padding", 0), p.get("dilation", 1), p.get("groups", 1))
+        if tile is None:
+            raise Unavailable("not a Winograd layer (3x3 stride 1, >= 32 channels, float32)")
+        blocking = ChannelBlocking.for_target(ctx.target)
+        cb, kb = blocking.block(x.shape[1]), blocking.block(w.shape[0])
+        arrays = [nchw_to_nchwc(x, cb), pack_winograd_weight(w, tile, cb, kb), *bn]
+        ph = [te.placeholder(a.shape, str(a.dtype), f"a{i}") for i, a in enumerate(arrays)]
+        out = conv2d_bn_act_winograd_nchwc(
+            *ph, tile=tile, tile_block=winograd_tile_block(ctx.target),
+            eps=p.get("eps", 1e-5), activation=p.get("activation", "relu"))
+        mod = tvm.IRModule({"main": te.create_prim_func(ph + [out])})
+        lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
+        res = tvm.runtime.empty(tuple(int(d) for d in out.shape), "float32", tvm.cpu())
+        f = lib["main"]
+
+        def convert():
+            nchw_to_nchwc(x, cb)
+            nchwc_to_nchw(res.numpy())
+
+        return Prepared(lambda: f(*args, res), lambda: nchwc_to_nchw(res.numpy()),
+                        note=f"F({tile}x{tile}, 3x3): default schedule",
+                        side_costs={"layout conversion": convert})
+
+
 class OnnxRuntime(OpImpl):
     """ONNX Runtime (CPU) on a one-op graph."""
 
@@ -327,7 +384,7 @@ class OnnxRuntime(OpImpl):
 
 #: The op-level implementations, in table order. Append an :class:`OpImpl` instance to add one.
 IMPLEMENTATIONS: tuple[OpImpl, ...] = (
-    TopiBnTuned(), TopiBnBlocked(), TopiBnUntuned(), TvmUnpacked(), TorchEager(),
+    TopiBnTuned(), TopiBnBlocked(), TopiBnWinograd(), TopiBnUntuned(), TvmUnpacked(), TorchEager(),
     OnnxRuntime(),
 )
 

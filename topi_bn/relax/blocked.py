@@ -60,7 +60,8 @@ from ..layouts import (
 from ..targets import resolve_target, target_family
 from .registration import _emit_te, kernel_description
 
-__all__ = ["BlockedLayout", "to_blocked_layout", "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES"]
+__all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "BLOCKED_COMPUTES",
+           "WINOGRAD_COMPUTES"]
 
 #: NCHW kernel (``kernel_description``'s ``compute``) -> its blocked twin and the names of its
 #: per-channel tensors, in the order of the twin's arguments after ``data`` and ``weight``.
@@ -71,7 +72,7 @@ BLOCKED_COMPUTES = {
 _CONV_OPTIONS = ("strides", "padding", "dilation", "groups", "eps", "activation", "out_dtype")
 _GEOMETRY_OPTIONS = ("strides", "padding", "dilation", "groups")
 
-#: blocked compute -> its Winograd twin, for 3x3 stride-1 "same" convs (see :func:`_winograd_tile`)
+#: blocked compute -> its Winograd twin, for 3x3 stride-1 "same" convs (see :func:`winograd_tile`)
 WINOGRAD_COMPUTES = {
     conv2d_bn_act_nchwc: conv2d_bn_act_winograd_nchwc,
     conv2d_shift_act_nchwc: conv2d_shift_act_winograd_nchwc,
@@ -306,24 +307,33 @@ def _as_pair(v, n: int) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
 
+def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, padding: Any = 0,
+                  dilation: Any = 1, groups: int = 1) -> int | None:
+    """The Winograd output tile (2 or 4) that a blocked build gives an NCHW conv of these
+    shapes and options, or None for the direct kernel: 3x3 with stride 1, dilation 1, padding
+    1 and groups 1, float32, at least :data:`WINOGRAD_MIN_CHANNELS` input and output channels;
+    4x4 tiles on maps of at least :data:`WINOGRAD_TILE4_MIN_SIDE`. (The build also wants the
+    weight to be a constant.)"""
+    if dtype != "float32" or tuple(weight_shape[2:]) != (3, 3) or int(groups) != 1 \
+            or _as_pair(strides, 2) != (1, 1) or _as_pair(dilation, 2) != (1, 1) \
+            or _as_pair(padding, 4) not in ((1, 1, 1, 1), (1, 1)) \
+            or min(weight_shape[0], weight_shape[1]) < WINOGRAD_MIN_CHANNELS:
+        return None
+    return 4 if min(data_shape[2], data_shape[3]) >= WINOGRAD_TILE4_MIN_SIDE else 2
+
+
 def _winograd_tile(spec: _ConvSpec, weight) -> int | None:
-    """The Winograd output tile (2 or 4) for this conv, or None for the direct kernel: a 3x3
-    conv with stride 1, dilation 1, padding 1 and groups 1, float32, a constant weight (its
-    transform is then done once, by the build), at least :data:`WINOGRAD_MIN_CHANNELS` input
-    and output channels."""
-    o = spec.options
-    data = spec.tensors["data"]
+    """:func:`winograd_tile` of this conv when its weight is a constant (its transform is then
+    done once, by the build), else None."""
     if not (isinstance(weight, Constant) and isinstance(weight.value, tvm.runtime.Tensor)):
         return None
+    data = spec.tensors["data"]
     shape, wshape = _shape(data), _shape(weight)
-    if shape is None or wshape is None or _dtype(data) != "float32" \
-            or _dtype(weight) != "float32" or wshape[2:] != (3, 3) \
-            or int(o.get("groups", 1)) != 1 or _as_pair(o.get("strides", 1), 2) != (1, 1) \
-            or _as_pair(o.get("dilation", 1), 2) != (1, 1) \
-            or _as_pair(o.get("padding", 0), 4) not in ((1, 1, 1, 1), (1, 1)) \
-            or min(wshape[0], wshape[1]) < WINOGRAD_MIN_CHANNELS:
+    if shape is None or wshape is None or _dtype(weight) != _dtype(data):
         return None
-    return 4 if min(shape[2], shape[3]) >= WINOGRAD_TILE4_MIN_SIDE else 2
+    o = spec.options
+    return winograd_tile(shape, wshape, _dtype(data), o.get("strides", 1), o.get("padding", 0),
+                         o.get("dilation", 1), o.get("groups", 1))
 
 
 # -- the rewrite -----------------------------------------------------------------------------------
