@@ -5,9 +5,15 @@ reading the weight column by column).
 Matched: a PrimFunc whose one reduction block computes ``out[m, n] += x[m, k] * w[k, n]``
 (weight ``(K, N)``, as the build leaves a constant transposed weight, N the innermost axis),
 followed by elementwise blocks (bias add, activation), which are inlined into the output.
-Schedule: the output's N axis split into tiles of whole vectors (a divisor of N when one
-exists) run in parallel; per tile the reduction over K is outermost and the tile's N values
-are vectorized accumulators, so the weight is read row by row, each row segment once.
+
+The weight is read once, from memory (ResNet-50's classifier: 8 MB), so the schedule is about
+reading it as a stream: the reduction over K is split into one contiguous chunk of rows per
+core (``rfactor``); each core runs over its rows in order, all N outputs vectorized, adding
+into a partial sum of N values that stays in L1, and a last short pass adds the cores'
+partial sums, the bias and the activation. Measured on Zen 3 (2 threads, weight not in cache):
+1280x1000 0.256 -> 0.157 ms, 2048x1000 0.408 -> 0.249 ms (33 GB/s, the copy bandwidth) against
+the former tiles over N, whose accumulators stayed in registers but read the weight in strided
+row segments (20 GB/s). When K is not a multiple of the cores the former schedule is kept.
 """
 from __future__ import annotations
 
@@ -70,24 +76,29 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         return False
     p = cpu_params(target)
     lanes = p.lanes
-    _, n_loop, _ = sch.get_loops(b)
-    extent = sch.get(n_loop).extent
-    if not isinstance(extent, tvm.tirx.IntImm) or int(extent) < lanes:
+    _, n_loop, k_loop = sch.get_loops(b)
+    n_ext, k_ext = sch.get(n_loop).extent, sch.get(k_loop).extent
+    if not isinstance(n_ext, tvm.tirx.IntImm) or not isinstance(k_ext, tvm.tirx.IntImm) \
+            or int(n_ext) < lanes:
         return False
-    n = int(extent)
-    tile = _tile(n, lanes, p.cores)
+    out = _output_block(sch, b)
+    if out is False:
+        return False
+    if p.cores > 1 and int(k_ext) % p.cores == 0:
+        _rows_per_core(sch, b, p.cores, lanes)
+    else:
+        _tiles_over_n(sch, b, out, _tile(int(n_ext), lanes, p.cores))
+    return True
+
+
+def _output_block(sch: tvm.s_tir.Schedule, b):
+    """The one elementwise block after the product (bias add and activation inlined into
+    it), None when the product is the output, False when the consumers do not fit."""
     consumers = sch.get_consumers(b)
-    if not consumers:  # the product is the output
-        m, nl, k = sch.get_loops(b)
-        no, ni = sch.split(nl, [None, tile])
-        sch.reorder(m, no, k, ni)
-        sch.parallel(sch.fuse(m, no))
-        sch.vectorize(ni)
-        sch.decompose_reduction(b, k)
-        return True
+    if not consumers:
+        return None
     if len(consumers) != 1:
         return False
-    # bias add, activation: one elementwise output block over (M, N)
     out = consumers[0]
     while sch.get_consumers(out):
         (nxt, *rest) = sch.get_consumers(out)
@@ -97,10 +108,36 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
             sch.reverse_compute_inline(nxt)
         except tvm.s_tir.ScheduleError:
             return False
-    loops = sch.get_loops(out)
-    if len(loops) != 2:
-        return False
-    m, nl = loops
+    return out if len(sch.get_loops(out)) == 2 else False
+
+
+def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, lanes: int) -> None:
+    """K split into one chunk of rows per core, each streamed into a partial sum over all N;
+    then the partial sums added with the epilogue (not scheduled)."""
+    _, _, k = sch.get_loops(b)
+    ko, _ = sch.split(k, [cores, None])
+    rf = sch.rfactor(ko, 0)
+    m, n, ko, ki = sch.get_loops(rf)
+    no, ni = sch.split(n, [None, lanes])
+    sch.reorder(ko, m, ki, no, ni)
+    sch.parallel(ko)
+    sch.vectorize(ni)
+    sch.decompose_reduction(rf, ki)
+    # the cores' partial sums, the bias and the activation: N * (cores + 1) scalar adds, left
+    # serial (about a microsecond for a 1000-class classifier)
+
+
+def _tiles_over_n(sch: tvm.s_tir.Schedule, b, out, tile: int) -> None:
+    """Tiles of ``tile`` outputs in parallel, each accumulating in registers over all of K."""
+    if out is None:  # the product is the output
+        m, nl, k = sch.get_loops(b)
+        no, ni = sch.split(nl, [None, tile])
+        sch.reorder(m, no, k, ni)
+        sch.parallel(sch.fuse(m, no))
+        sch.vectorize(ni)
+        sch.decompose_reduction(b, k)
+        return
+    m, nl = sch.get_loops(out)
     no, ni = sch.split(nl, [None, tile])
     task = sch.fuse(m, no)
     sch.parallel(task)
@@ -110,4 +147,3 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     sch.reorder(c_k, c_n)
     sch.vectorize(c_n)
     sch.decompose_reduction(b, c_k)
-    return True

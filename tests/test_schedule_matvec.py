@@ -36,13 +36,20 @@ def _schedule(func):
 
 
 @pytest.mark.parametrize("m, k, n, relu", [(1, 64, 1000, False), (1, 96, 40, True),
-                                           (2, 32, 20, False)])
+                                           (2, 32, 20, False), (1, 95, 20, False),
+                                           (1, 128, 10, True)])
 def test_scheduled_classifier_matches_float64(m, k, n, relu):
+    """Rows of the weight split over the cores (K a multiple of them: a partial-sum block,
+    ``rfactor``), else tiles over N; both against float64."""
+    from topi_bn.schedules.cpu import cpu_params
+
     func = _classifier(m, k, n, relu=relu)
     sch, done = _schedule(func)
     assert done
     script = sch.mod.script()
     assert "T.parallel" in script and "T.vectorized" in script
+    cores = cpu_params(resolve_target(TARGET)).cores
+    assert ("_rf" in script) == (cores > 1 and k % cores == 0)
     lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n), (n,)))
