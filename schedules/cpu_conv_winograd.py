@@ -26,7 +26,7 @@ import tvm
 from tvm.target import Target
 
 from .common import inline_consumers, op_blocks
-from .cpu_conv_nchwc import _divisors, _extent, _knob, _tile
+from .cpu_conv_nchwc import _divisors, _extent, _knob, _tile, vectorize_channel_params
 
 __all__ = ["WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
 
@@ -88,6 +88,7 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
     inline_consumers(sch, act)
     _, _, oc_chunks, padded_tiles, _ = (int(iv.dom.extent) for iv in sch.get(gemm).iter_vars[:5])
     cfg = config or WinogradConfig.default(p, oc_chunks, padded_tiles)
+    vectorize_channel_params(sch, blocks, p.lanes)
     _input_transform(sch, blocks)
     _products(sch, gemm, cfg, tunable, p)
     _output_transform(sch, blocks)
