@@ -165,6 +165,15 @@ def test_weight_transform_errors(call, match):
         call()
 
 
+@pytest.mark.parametrize("tiles,block", [(196, 4), (49, 5), (16, 4), (36, 6), (1, 4)])
+def test_tile_padding_is_the_least_among_the_largest_register_tiles(tiles, block):
+    """x86-avx2: 2 channel blocks x 4-6 tiles per register tile; the fewest zero tiles, ties
+    to the larger tile."""
+    from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
+
+    assert winograd_tile_block(resolve_target("x86-avx2"), tiles) == block
+
+
 def test_schedule_is_tunable_and_starts_at_the_default():
     """The template samples the register tile, and its initial decisions are the defaults."""
     from topi_bn.schedules import common
@@ -207,7 +216,7 @@ def test_default_schedule_on_every_cpu_target(target_name, lanes, rng):
     from topi_bn.schedules.cpu_conv_winograd import WinogradConfig, winograd_tile_block
 
     target = resolve_target(target_name)
-    tile_block = winograd_tile_block(target)
+    tile_block = winograd_tile_block(target, 9)  # 10x10 in 4x4 tiles
     p = cpu_params(target)
     kt = WinogradConfig.preferred_oc_blocks(p)
     assert kt * (tile_block + 1) + 1 <= p.vector_registers

@@ -330,7 +330,7 @@ class TopiBnWinograd(OpImpl):
 
         from ..compute import conv2d_bn_act_winograd_nchwc
         from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_winograd_weight
-        from ..relax.blocked import winograd_tile
+        from ..relax.blocked import winograd_tile, winograd_tiles
         from ..schedules import apply_default_schedules
         from ..schedules.cpu_conv_winograd import winograd_tile_block
         from ..targets import target_family
@@ -349,8 +349,9 @@ class TopiBnWinograd(OpImpl):
         cb, kb = blocking.block(x.shape[1]), blocking.block(w.shape[0])
         arrays = [nchw_to_nchwc(x, cb), pack_winograd_weight(w, tile, cb, kb), *bn]
         ph = [te.placeholder(a.shape, str(a.dtype), f"a{i}") for i, a in enumerate(arrays)]
+        tile_block = winograd_tile_block(ctx.target, winograd_tiles(x.shape, tile))
         out = conv2d_bn_act_winograd_nchwc(
-            *ph, tile=tile, tile_block=winograd_tile_block(ctx.target),
+            *ph, tile=tile, tile_block=tile_block,
             eps=p.get("eps", 1e-5), activation=p.get("activation", "relu"))
         mod = tvm.IRModule({"main": te.create_prim_func(ph + [out])})
         lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)

@@ -60,7 +60,8 @@ from ..layouts import (
 from ..targets import resolve_target, target_family
 from .registration import _emit_te, kernel_description
 
-__all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "BLOCKED_COMPUTES",
+__all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
+           "BLOCKED_COMPUTES",
            "WINOGRAD_COMPUTES"]
 
 #: NCHW kernel (``kernel_description``'s ``compute``) -> its blocked twin and the names of its
@@ -322,6 +323,13 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
     return 4 if min(data_shape[2], data_shape[3]) >= WINOGRAD_TILE4_MIN_SIDE else 2
 
 
+def winograd_tiles(data_shape, tile: int) -> int:
+    """Output tiles of a "same" 3x3 conv on NCHW data of ``data_shape``: N * ceil(H/m) *
+    ceil(W/m)."""
+    n, _, h, w = data_shape
+    return n * -(-h // tile) * -(-w // tile)
+
+
 def _winograd_tile(spec: _ConvSpec, weight) -> int | None:
     """:func:`winograd_tile` of this conv when its weight is a constant (its transform is then
     done once, by the build), else None."""
@@ -339,10 +347,10 @@ def _winograd_tile(spec: _ConvSpec, weight) -> int | None:
 # -- the rewrite -----------------------------------------------------------------------------------
 @relax.expr_functor.mutator
 class _ToBlocked(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, blocking: ChannelBlocking, tile_block: int | None):
+    def __init__(self, mod: tvm.IRModule, blocking: ChannelBlocking, winograd_target):
         super().__init__(mod)
         self.blocking = blocking
-        self.tile_block = tile_block  # Winograd's tile padding; None: no Winograd
+        self.winograd_target = winograd_target  # the target; None: no Winograd
         self.plan: _Plan | None = None
         self._reset()
 
@@ -420,13 +428,16 @@ class _ToBlocked(relax.PyExprMutator):
         compute, names = _names_of(spec)
         t = spec.tensors
         options = dict(spec.options)
-        tile = None if self.tile_block is None else _winograd_tile(spec, t["weight"])
+        tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
         if tile is not None:
+            from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
+
             compute = WINOGRAD_COMPUTES[compute]
             weight = relax.const(pack_winograd_weight(
                 t["weight"].value.numpy(), tile, spec.in_block, spec.out_block), "float32")
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
-            options.update(tile=tile, tile_block=self.tile_block)
+            options.update(tile=tile, tile_block=winograd_tile_block(
+                self.winograd_target, winograd_tiles(_shape(t["data"]), tile)))
         else:
             weight = self._pack(t["weight"], spec)
         args = [self.to_blocked(t["data"], spec.in_block), weight]
@@ -552,11 +563,6 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
         raise ValueError(f"target: the blocked channel layout is for CPU targets, got "
                          f"{target.kind.name}")
     blocking = ChannelBlocking.for_target(target)
-    tile_block = None
-    if winograd:
-        from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
-
-        tile_block = winograd_tile_block(target)
     # see through what the frontends leave around pools (max_pool2d's (out, indices) tuple)
     mod = relax.transform.CanonicalizeBindings()(mod)
     rewriter = None
@@ -567,7 +573,8 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
         plan = _Plan(mod, func, blocking)
         if not plan.convs:
             continue
-        rewriter = _ToBlocked(mod, blocking, tile_block) if rewriter is None else rewriter
+        rewriter = _ToBlocked(mod, blocking, target if winograd else None) if rewriter is None \
+            else rewriter
         rewriter.plan = plan
         new = rewriter.visit_expr(func)
         rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
