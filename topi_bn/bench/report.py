@@ -389,7 +389,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
                   f"({bandwidth.get('how', 'copy, read + write')}).", ""]
         if bandwidth.get("fma_gflops"):
             lines += [f"FMA ceiling: {bandwidth['fma_gflops']:.0f} GFLOP/s float32 "
-                      f"({bandwidth.get('fma_how', 'FMA chains')}): no conv can run faster.",
+                      f"({bandwidth.get('fma_how', 'FMA chains')}): no direct conv can run "
+                      f"faster (Winograd's algorithm does fewer multiplies).",
                       ""]
     impl = primary_impl(results)
     ran = _impls([r for r in results if r.timing is not None], ("topi-bn",))
@@ -412,7 +413,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
                   "Rates: GFLOP/s (TFLOP/s on a GPU) for conv (Workload.flops), GB/s of "
                   "compulsory traffic for BN and LN (Workload.bytes_moved); '% ceiling': GB/s over "
                   "the copy bandwidth (over 100%: the data stayed in cache), GFLOP/s over the "
-                  "FMA ceiling. 'TVM unpacked' is TVM's own lowering "
+                  "FMA ceiling (conv GFLOP/s count the direct conv's work, so a Winograd row "
+                  "exceeds 100%). 'TVM unpacked' is TVM's own lowering "
                   "(its conv2d has no CPU schedule in TVM 0.27); 'best peer' is the fastest "
                   "other framework. 'n/a' and 'failed' cells: see the per-implementation "
                   "table.", ""]
