@@ -135,12 +135,10 @@ def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
     sch.vectorize(ki)
     init = sch.decompose_reduction(gemm, rco)
     for block in (init, acc):
-        loops = sch.get_loops(block)
-        inner = [lp for lp in loops[loops.index(next(
-            lp for lp in loops if sch.get(lp).same_as(sch.get(to)))) + 1:]]
-        for lp in inner[:-1]:
+        *tile, lanes = _loops_under(sch, block, to)
+        for lp in tile:
             sch.unroll(lp)
-        sch.vectorize(inner[-1])
+        sch.vectorize(lanes)
 
 
 def _output_transform(sch, blocks) -> None:
@@ -157,10 +155,15 @@ def _output_transform(sch, blocks) -> None:
         sch.unroll(lp)
     sch.vectorize(ki)
     for block in (y, tout):
-        loops = sch.get_loops(block)
-        at = [sch.get(lp).same_as(sch.get(ox_o)) for lp in loops].index(True)
-        *spatial, lanes, red = loops[at + 1:]
+        *spatial, lanes, red = _loops_under(sch, block, ox_o)
         sch.reorder(*spatial, red, lanes)
         for lp in (*spatial, red):
             sch.unroll(lp)
         sch.vectorize(lanes)
+
+
+def _loops_under(sch, block, loop) -> list:
+    """The loops of ``block`` inside ``loop`` (where it was computed at), outermost first."""
+    loops = sch.get_loops(block)
+    at = [sch.get(lp).same_as(sch.get(loop)) for lp in loops].index(True)
+    return loops[at + 1:]

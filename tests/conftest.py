@@ -30,6 +30,29 @@ def scheduled_by(monkeypatch):
     return watch
 
 
+@pytest.fixture
+def template_at_default():
+    """``template_at_default(mod, target) -> (tuned, untuned)``: schedule ``mod`` with the
+    tunable template and with the defaults, and check that the template samples its knobs
+    (a perfect tile and a categorical) and that its initial decisions are the defaults (the
+    design space's own trace is the untuned schedule)."""
+    import tvm
+
+    from topi_bn.schedules import common
+
+    def check(mod, target):
+        tuned = tvm.s_tir.Schedule(mod)
+        assert common.schedule_function(tuned, target, tunable=True)
+        kinds = {inst.kind.name for inst in tuned.trace.insts}
+        assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
+        untuned = tvm.s_tir.Schedule(mod)
+        common.schedule_function(untuned, target, tunable=False)
+        tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+        return tuned, untuned
+
+    return check
+
+
 @pytest.fixture(scope="session")
 def model_files(tmp_path_factory):
     """``(folder, reference)``: ``topi_bn.testing.models.tiny_conv_bn`` saved as ``tiny.pt2``

@@ -553,19 +553,28 @@ def test_blocked_implementation_matches_the_nchw_reference(name):
     """The per-layer blocked kernel (NCHW8c on x86-avx2) is checked against the NCHW layer's
     float64 reference: plain twins, and the twins with the network's residual add (ResNet's
     residual + ReLU after a layer without activation, MobileNetV2's residual without one)."""
-    from topi_bn.bench.ops import blocked_twin, check_output
+    from topi_bn.bench.ops import blocked_twin
 
     wl = W.get(name)
     twin = blocked_twin(wl, 8)
     assert twin is not None and twin.block == 8
+    _prepared_and_checked("topi-bn blocked", wl)
+
+
+def _prepared_and_checked(impl, wl):
+    """``impl`` prepared for ``wl`` on x86-avx2, run, and its output checked against the
+    layer's float64 reference (the check can fail: a wrong answer is caught); with the cost
+    of converting a lone layer's layouts on the side."""
+    from topi_bn.bench.ops import check_output
+
     arrays = wl.random_inputs()
-    p = bench.prepare("topi-bn blocked", wl, "x86-avx2", 1, arrays=arrays, tuning_logs=None)
+    p = bench.prepare(impl, wl, "x86-avx2", 1, arrays=arrays, tuning_logs=None)
     p.run()
     ref = wl.reference(*arrays)[0]
     assert check_output(wl, p.output(), ref) == "ok"
-    # and the check can fail: a wrong answer is caught
     assert check_output(wl, p.output() + 1.0, ref) != "ok"
     assert "layout conversion" in p.side_costs
+    return p
 
 
 def test_time_in_turns_alternates_and_keeps_rounds():
@@ -599,16 +608,10 @@ def test_fma_ceiling_counts_the_target_lanes_and_cores():
 def test_winograd_implementation_matches_the_nchw_reference():
     """The per-layer Winograd kernel (the layers a blocked network runs by Winograd's
     algorithm) is checked against the NCHW layer's float64 reference; other layers are n/a."""
-    from topi_bn.bench.ops import Unavailable, check_output
+    from topi_bn.bench.ops import Unavailable
 
-    wl = W.get("resnet50.conv3x3_256_256_14_s1_relu")
-    arrays = wl.random_inputs()
-    p = bench.prepare("topi-bn Winograd", wl, "x86-avx2", 1, arrays=arrays, tuning_logs=None)
-    p.run()
-    ref = wl.reference(*arrays)[0]
-    assert check_output(wl, p.output(), ref) == "ok"
-    assert check_output(wl, p.output() + 1.0, ref) != "ok"
-    assert "layout conversion" in p.side_costs and "F(2x2, 3x3)" in p.note
+    p = _prepared_and_checked("topi-bn Winograd", W.get("resnet50.conv3x3_256_256_14_s1_relu"))
+    assert "F(2x2, 3x3)" in p.note
     for name in ("resnet50.conv3x3_128_128_56_s2_relu", "resnet50.conv1x1_64_64_56_s1_relu"):
         other = W.get(name)
         with pytest.raises(Unavailable, match="not a Winograd layer"):

@@ -396,20 +396,11 @@ def test_blocked_kernel_refuses_cuda():
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["conv", "depthwise"])
-def test_template_starts_at_the_default_schedule(depthwise):
+def test_template_starts_at_the_default_schedule(depthwise, template_at_default):
     """The tunable template samples its knobs (MetaSchedule can mutate them), and its initial
     decisions are the defaults: the design space's own trace is the untuned schedule."""
-    from topi_bn.schedules import common
-
-    target = resolve_target("x86-avx2")
     mod = tvm.IRModule({"main": _blocked_func(8, depthwise, hw=14)})
-    tuned = tvm.s_tir.Schedule(mod)
-    assert common.schedule_function(tuned, target, tunable=True)
-    kinds = {inst.kind.name for inst in tuned.trace.insts}
-    assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
-    untuned = tvm.s_tir.Schedule(mod)
-    common.schedule_function(untuned, target, tunable=False)
-    tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+    tuned, untuned = template_at_default(mod, resolve_target("x86-avx2"))
     # another decision gives another schedule that still replays
     unroll = next(i for i in tuned.trace.insts if i.kind.name == "SampleCategorical")
     now = int(tuned.trace.decisions[unroll])

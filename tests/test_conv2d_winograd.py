@@ -174,23 +174,14 @@ def test_tile_padding_is_the_least_among_the_largest_register_tiles(tiles, block
     assert winograd_tile_block(resolve_target("x86-avx2"), tiles) == block
 
 
-def test_schedule_is_tunable_and_starts_at_the_default():
+def test_schedule_is_tunable_and_starts_at_the_default(template_at_default):
     """The template samples the register tile, and its initial decisions are the defaults."""
-    from topi_bn.schedules import common
-
-    target = resolve_target("x86-avx2")
     ph = [te.placeholder((1, 4, 14, 14, 8), "float32", "data"),
           te.placeholder((4, 4, 4, 4, 8, 8), "float32", "weight"),
           te.placeholder((32,), "float32", "shift")]
     out = topi_bn.compute.conv2d_shift_act_winograd_nchwc(*ph, tile=2, tile_block=6)
     mod = tvm.IRModule({"main": te.create_prim_func(ph + [out])})
-    tuned = tvm.s_tir.Schedule(mod)
-    assert common.schedule_function(tuned, target, tunable=True)
-    kinds = {inst.kind.name for inst in tuned.trace.insts}
-    assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
-    untuned = tvm.s_tir.Schedule(mod)
-    common.schedule_function(untuned, target, tunable=False)
-    tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+    _, untuned = template_at_default(mod, resolve_target("x86-avx2"))
     text = untuned.mod.script()
     assert "T.parallel" in text and "T.vectorized" in text
 

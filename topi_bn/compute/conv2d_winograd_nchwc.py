@@ -56,13 +56,16 @@ __all__ = ["conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
 def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(A, B, G)`` of :math:`F(m \\times m, 3 \\times 3)`, float64, shapes (alpha, m),
     (alpha, alpha) and (alpha, 3): TVM's Cook-Toom construction
-    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points."""
+    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points; read-only."""
     from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
     if tile not in TILES:
         raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
-    a, b, g = _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)
-    return (np.asarray(a, np.float64), np.asarray(b, np.float64), np.asarray(g, np.float64))
+    mats = [np.array(x, np.float64) for x in
+            _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)]
+    for x in mats:  # cached: shared by every caller
+        x.setflags(write=False)
+    return tuple(mats)
 
 
 def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,

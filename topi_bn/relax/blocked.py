@@ -61,8 +61,7 @@ from ..targets import resolve_target, target_family
 from .registration import _emit_te, kernel_description
 
 __all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
-           "BLOCKED_COMPUTES",
-           "WINOGRAD_COMPUTES"]
+           "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES"]
 
 #: NCHW kernel (``kernel_description``'s ``compute``) -> its blocked twin and the names of its
 #: per-channel tensors, in the order of the twin's arguments after ``data`` and ``weight``.
@@ -557,7 +556,7 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
     if not isinstance(winograd, bool):
-        raise TypeError(f"winograd: expected a bool, got {type(winograd).__name__}")
+        raise TypeError(f"winograd: expected True or False, got {winograd!r}")
     target = resolve_target(target)
     if target_family(target) == "cuda":
         raise ValueError(f"target: the blocked channel layout is for CPU targets, got "
