@@ -11,20 +11,9 @@ from tvm import relax
 from topi_bn.layouts import data_index_map
 from topi_bn.schedules.cpu_layout import copy_block, schedule_layout_transform
 from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.testing import legalized_prim_func
 
 TARGET = "x86-avx2"  # runs on every x86 host of the project
-
-
-def _legalized(build_body, shape, dtype="float32"):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build_body(x))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func.with_attr("global_symbol", "main")
 
 
 def _to_blocked(cb):
@@ -58,7 +47,7 @@ def test_scheduled_layout_transform_is_an_exact_copy(rng, shape, cb, direction, 
     x = rng.standard_normal(shape).astype(dtype)
     xin, expect = (x, _blocked(x, cb)) if direction == "to_blocked" else (_blocked(x, cb), x)
     body = _to_blocked(cb) if direction == "to_blocked" else _to_nchw(cb)
-    sch = tvm.s_tir.Schedule(_legalized(body, xin.shape, dtype))
+    sch = tvm.s_tir.Schedule(legalized_prim_func(body, xin.shape, dtype))
     assert schedule_layout_transform(sch, resolve_target(TARGET))
     assert "T.parallel" in sch.mod["main"].script()
     got = tvm.runtime.empty(expect.shape, dtype)
@@ -68,12 +57,13 @@ def test_scheduled_layout_transform_is_an_exact_copy(rng, shape, cb, direction, 
 
 def test_small_and_other_ops_are_left_alone():
     target = resolve_target(TARGET)
-    small = tvm.s_tir.Schedule(_legalized(_to_blocked(8), (1, 64, 1, 1)))  # a per-channel param
+    # a per-channel parameter's transform: too small to be worth a parallel launch
+    small = tvm.s_tir.Schedule(legalized_prim_func(_to_blocked(8), (1, 64, 1, 1)))
     assert copy_block(small) is not None and not schedule_layout_transform(small, target)
     for body, shape in [(lambda x: relax.op.nn.relu(x), (1, 16, 32, 32)),  # arithmetic
                         (lambda x: relax.op.permute_dims(x, [0, 2, 3, 1]), (1, 16, 32, 32)),
                         (lambda x: relax.op.add(x, x), (1, 2, 32, 32, 8))]:
-        sch = tvm.s_tir.Schedule(_legalized(body, shape))
+        sch = tvm.s_tir.Schedule(legalized_prim_func(body, shape))
         assert copy_block(sch) is None
         assert not schedule_layout_transform(sch, target)
 

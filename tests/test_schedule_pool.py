@@ -9,24 +9,16 @@ from tvm import relax
 
 from topi_bn.schedules.cpu_pool import pool_block, schedule_pool
 from topi_bn.targets import host_can_run, resolve_target
-from topi_bn.testing import assert_close
+from topi_bn.testing import assert_close, legalized_prim_func
 
 TARGET = "x86-avx2"  # runs on every x86 host of the project
 
 
 def _pool_func(kind, shape, layout, size=3, stride=2, pad=1, **kw):
     """The PrimFunc TVM legalizes ``relax.nn.<kind>`` into."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
     op = getattr(relax.op.nn, kind)
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(op(x, [size, size], [stride, stride], [pad] * 4,
-                                    layout=layout, out_layout=layout, **kw))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func.with_attr("global_symbol", "main")
+    return legalized_prim_func(lambda x: op(x, [size, size], [stride, stride], [pad] * 4,
+                                            layout=layout, out_layout=layout, **kw), shape)
 
 
 def _reference(kind, x, size, stride, pad, count_include_pad=False):
@@ -83,24 +75,13 @@ def test_scheduled_pool_matches_float64(rng, kind, shape, cb, size, stride, pad)
     assert_close(got.numpy(), expect, "float32")
 
 
-def _legalized(build_body, shape):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build_body(x))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func.with_attr("global_symbol", "main")
-
-
 def test_global_mean_with_kept_dims_is_scheduled_as_a_pool(rng):
     """A mean over (H, W) keeping them is the same reduction as a 7x7 average pool: scheduled,
     and right."""
     if not host_can_run(TARGET)[0]:
         pytest.skip(f"this CPU cannot run {TARGET} code")
-    func = _legalized(lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 2, 7, 7, 8))
+    func = legalized_prim_func(lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True),
+                               (1, 2, 7, 7, 8))
     sch = tvm.s_tir.Schedule(func)
     assert schedule_pool(sch, resolve_target(TARGET))
     x = rng.standard_normal((1, 2, 7, 7, 8)).astype("float32")
@@ -114,7 +95,7 @@ def test_other_reductions_are_not_pools():
                         (lambda x: relax.op.sum(x, axis=[1]), (1, 4, 5, 6)),
                         (lambda x: relax.op.matmul(x, relax.const(np.ones((8, 4), "float32"))),
                          (2, 8))]:
-        sch = tvm.s_tir.Schedule(_legalized(body, shape))
+        sch = tvm.s_tir.Schedule(legalized_prim_func(body, shape))
         assert pool_block(sch) is None
         assert not schedule_pool(sch, resolve_target(TARGET))
 

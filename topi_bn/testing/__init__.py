@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
-           "built_kernels"]
+           "built_kernels", "legalized_prim_func"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
@@ -81,6 +81,25 @@ def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",
 
     lib = tvm.compile(mod, target=resolve_target(target))
     return run_prim_func(lib, arrays, [(o.shape, o.dtype) for o in outs])
+
+
+def legalized_prim_func(build_body, shape, dtype: str = "float32"):
+    """The one PrimFunc TVM legalizes ``build_body(x)`` into, for a Relax input ``x`` of
+    ``shape`` and ``dtype`` (e.g. ``lambda x: relax.op.nn.max_pool2d(x, ...)``), named
+    ``main``: what the schedules of TVM's own ops (:mod:`topi_bn.schedules.cpu_pool`, ...) get
+    in a build."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build_body(x))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func.with_attr("global_symbol", "main")
 
 
 def built_kernels(mod, target) -> list[tuple]:
