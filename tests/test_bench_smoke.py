@@ -185,11 +185,15 @@ def test_tiny_network_runner():
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
     from topi_bn.bench import networks as nb
-    from topi_bn.bench.report import format_networks, fused_folded_ratios, import_path_ratios
+    from topi_bn.bench.report import (
+        format_networks, fused_folded_ratios, import_path_ratios, ort_ratios,
+    )
 
+    pytest.importorskip("onnxruntime")
     cfg = bench.BenchConfig.smoke(threads=1)
     impls = ("topi-bn fused (torch.export)", "topi-bn fused (ONNX)",
-             "topi-bn folded (torch.export)", "topi-bn unpacked (torch.export)", "torch")
+             "topi-bn folded (torch.export)", "topi-bn unpacked (torch.export)", "torch",
+             "onnxruntime")
     results = nb.bench_networks(cfg, networks=[nb.tiny_network()], impls=impls, rounds=1,
                                 report=lambda _msg: None)
     by = {r.impl: r for r in results}
@@ -229,6 +233,14 @@ def test_tiny_network_runner():
     assert set(turns) == {"fused", "folded"} and all(v > 0 for v in turns.values())
     line, = fused_folded_ratios(results)
     assert line.startswith("- tiny: fused") and "timed in turns" in line
+    # and ONNX Runtime with the fused build: its row is its median in those turns
+    turns = by["onnxruntime"].extra["in_turns_ms"]
+    assert set(turns) == {"onnxruntime", "fused"} and all(v > 0 for v in turns.values())
+    assert turns["onnxruntime"] == pytest.approx(by["onnxruntime"].timing.median * 1e3)
+    line, = ort_ratios(results)
+    assert line == (f"- tiny: fused {turns['fused']:.2f} ms, ONNX Runtime "
+                    f"{turns['onnxruntime']:.2f} ms (fused vs ONNX Runtime "
+                    f"{turns['onnxruntime'] / turns['fused']:.2f}x, timed in turns)")
 
 
 def test_a_failing_network_is_a_row():

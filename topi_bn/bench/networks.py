@@ -34,8 +34,9 @@ many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` ke
 into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
 The ONNX build of a mode is timed in turns with the torch.export build of the same mode, and
-the folded torch.export build with the fused one (:func:`topi_bn.bench.timing.time_in_turns`),
-so their ratios are not the drift of the machine between two timings.
+the folded torch.export build and ONNX Runtime with the fused one
+(:func:`topi_bn.bench.timing.time_in_turns`), so their ratios are not the drift of the machine
+between two timings.
 """
 from __future__ import annotations
 
@@ -383,12 +384,21 @@ class TorchEager(NetworkImpl):
 
 
 class OnnxRuntime(NetworkImpl):
+    """ONNX Runtime on the ONNX export, timed in turns with the fused torch.export build of
+    the run (when it was built): the two a user compares, so that their ratio is not the
+    drift of the machine between two timings."""
+
     name, kind = "onnxruntime", "peer"
 
     def prepare(self, ctx):
         peers.require_ort()
-        return peers.ort_prepared(ctx.onnx_bytes(), {"x": ctx.x}, "y", ctx.threads,
-                                  ctx.spin_wait)
+        prepared = peers.ort_prepared(ctx.onnx_bytes(), {"x": ctx.x}, "y", ctx.threads,
+                                      ctx.spin_wait)
+        fused = ctx.get("run:fused:auto")
+        if fused is not None:
+            prepared.timer = functools.partial(_time_in_turns_with, prepared.run, fused,
+                                               ("onnxruntime", "fused"), prepared.info)
+        return prepared
 
 
 #: The whole-network implementations, in table order.

@@ -20,7 +20,7 @@ from .timing import Timing
 
 __all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
            "geomean_speedups", "format_networks", "import_path_ratios", "fused_folded_ratios",
-           "winograd_ratios",
+           "winograd_ratios", "ort_ratios",
            "results_markdown",
            "entry_name"]
 
@@ -352,6 +352,14 @@ def fused_folded_ratios(results: Sequence[Result]) -> list[str]:
             for net, fused, folded in _in_turns(results, "fused", "folded")]
 
 
+def ort_ratios(results: Sequence[Result]) -> list[str]:
+    """Per network: ONNX Runtime's time over the fused build's (torch.export, blocked layout),
+    from their timing in turns (:func:`topi_bn.bench.networks`)."""
+    return [f"- {net}: fused {fused:.2f} ms, ONNX Runtime {ort:.2f} ms (fused vs ONNX Runtime "
+            f"{ort / fused:.2f}x, timed in turns)"
+            for net, ort, fused in _in_turns(results, "onnxruntime", "fused")]
+
+
 def winograd_ratios(results: Sequence[Result]) -> list[str]:
     """Per network: the fused build's time (3x3 convs by Winograd's algorithm) over the same
     build with the direct kernel everywhere (``winograd=False``), timed in turns."""
@@ -426,6 +434,10 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         ratios = import_path_ratios(networks)
         if ratios:
             lines += ["The same model through both import paths:", "", *ratios, ""]
+        ratios = ort_ratios(networks)
+        if ratios:
+            lines += ["Fused build (torch.export, blocked layout) and ONNX Runtime:", "",
+                      *ratios, ""]
         ratios = fused_folded_ratios(networks)
         if ratios:
             lines += ["Fused and folded builds (torch.export, blocked layout):", "", *ratios,
