@@ -237,6 +237,12 @@ def test_tiny_network_runner():
     turns = by["onnxruntime"].extra["in_turns_ms"]
     assert set(turns) == {"onnxruntime", "fused"} and all(v > 0 for v in turns.values())
     assert turns["onnxruntime"] == pytest.approx(by["onnxruntime"].timing.median * 1e3)
+    # ... and the fused build's speedup over ONNX Runtime is the ratio of those turns
+    assert by["onnxruntime"].extra["in_turns_with"][0] == "topi-bn fused (torch.export)"
+    assert by["topi-bn fused (torch.export)"].extra["speedup_vs"]["onnxruntime"] == \
+        pytest.approx(turns["onnxruntime"] / turns["fused"])
+    assert by["onnxruntime"].extra["speedup_vs"]["torch"] == pytest.approx(
+        by["torch"].timing.median / by["onnxruntime"].timing.median)  # not timed in turns
     line, = ort_ratios(results)
     assert line == (f"- tiny: fused {turns['fused']:.2f} ms, ONNX Runtime "
                     f"{turns['onnxruntime']:.2f} ms (fused vs ONNX Runtime "

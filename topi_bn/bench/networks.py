@@ -360,12 +360,17 @@ class TopiBnBuild(NetworkImpl):
 
 
 def _time_in_turns_with(run, other, labels: tuple[str, str], info: dict, rounds: int,
-                        min_round_ms: float) -> Timing:
+                        min_round_ms: float, partner: str | None = None) -> Timing:
     """Time ``run`` in turns with ``other`` (labels: this build's, the other's); both
-    medians go to ``info["in_turns_ms"]``, this build's timing is returned."""
+    medians go to ``info["in_turns_ms"]`` and, when ``partner`` names the other's
+    implementation (a row of the run), to ``info["in_turns_with"]``, from which
+    :func:`~topi_bn.bench.runner.compute_speedups` takes the pair's ratio. This build's
+    timing is returned."""
     mine, theirs = labels
     t = time_in_turns({mine: run, theirs: other}, rounds, min_round_ms)
     info["in_turns_ms"] = {label: t[label].median * 1e3 for label in t}
+    if partner is not None:
+        info["in_turns_with"] = (partner, info["in_turns_ms"][mine], info["in_turns_ms"][theirs])
     return t[mine]
 
 
@@ -383,6 +388,10 @@ class TorchEager(NetworkImpl):
         return peers.torch_prepared(run)
 
 
+#: The build ONNX Runtime is timed in turns with (the comparison a user makes).
+FUSED_BUILD = TopiBnBuild("fused", "torch.export").name
+
+
 class OnnxRuntime(NetworkImpl):
     """ONNX Runtime on the ONNX export, timed in turns with the fused torch.export build of
     the run (when it was built): the two a user compares, so that their ratio is not the
@@ -397,7 +406,8 @@ class OnnxRuntime(NetworkImpl):
         fused = ctx.get("run:fused:auto")
         if fused is not None:
             prepared.timer = functools.partial(_time_in_turns_with, prepared.run, fused,
-                                               ("onnxruntime", "fused"), prepared.info)
+                                               ("onnxruntime", "fused"), prepared.info,
+                                               partner=FUSED_BUILD)
         return prepared
 
 

@@ -429,7 +429,10 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
     if networks:
         lines += ["Whole networks (batch 1, float32): every build's kernels in the last "
                   "column (BN: the graph's batch-norms fused into conv2d_bn_relu kernels, "
-                  "folded into conv weights, or separate)" + _network_work(networks, bandwidth),
+                  "folded into conv weights, or separate)" + _network_work(networks, bandwidth)
+                  + " The fused torch.export build's 'vs onnxruntime' is from their timing in "
+                  "turns (below), not from the two medians of the table, which were taken "
+                  "minutes apart.",
                   "", format_networks(networks, bandwidth), ""]
         ratios = import_path_ratios(networks)
         if ratios:

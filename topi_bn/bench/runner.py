@@ -241,7 +241,8 @@ def compute_speedups(results: Sequence[Result]) -> None:
     """Fill each timed result's ``extra`` with its speedup over every baseline and peer of the
     same workload and dtype (``extra["speedup_vs"][impl]``), and the two summary figures
     ``speedup_vs_unpacked`` (over the ``baseline``, TVM's own lowering) and
-    ``speedup_vs_best_peer`` (over the fastest ``peer``)."""
+    ``speedup_vs_best_peer`` (over the fastest ``peer``). The ratio of two implementations
+    timed in turns with each other comes from those turns (:func:`_ratio`)."""
     by_group: dict[tuple[str, str], list[Result]] = {}
     for r in results:
         by_group.setdefault(r.group, []).append(r)
@@ -252,13 +253,24 @@ def compute_speedups(results: Sequence[Result]) -> None:
         best = min(peers) if peers else None
         others = [o for o in ok if o.kind in ("baseline", "peer")]
         for r in ok:
-            vs = {o.impl: o.timing.median / r.timing.median for o in others if o is not r}
+            vs = {o.impl: _ratio(o, r) for o in others if o is not r}
             if vs:
                 r.extra["speedup_vs"] = vs
             if base is not None:
                 r.extra["speedup_vs_unpacked"] = base / r.timing.median
             if best is not None:
                 r.extra["speedup_vs_best_peer"] = best / r.timing.median
+
+
+def _ratio(other: Result, r: Result) -> float:
+    """``other``'s time over ``r``'s: from their timing in turns when one was timed in turns
+    with the other (``extra["in_turns_with"] = (partner impl, own ms, partner's ms)``), else
+    from their medians."""
+    for a, b, flip in ((other, r, False), (r, other, True)):
+        turns = a.extra.get("in_turns_with")
+        if turns and turns[0] == b.impl:
+            return turns[2] / turns[1] if flip else turns[1] / turns[2]
+    return other.timing.median / r.timing.median
 
 
 def geomean(xs: Sequence[float]) -> float:
