@@ -129,7 +129,7 @@ def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
     acc = sch.cache_write(gemm, 0, "local")
-    sch.reverse_compute_at(acc, to)
+    sch.reverse_compute_at(acc, to, preserve_unit_loops=True)
     for lp in (rci, tt, kt):
         sch.unroll(lp)
     sch.vectorize(ki)

@@ -504,7 +504,8 @@ def test_tuning_a_network_group_brings_the_blocked_kernels_of_the_target(target,
 
     names = [w.name for w in select_workloads("resnet50", target)]
     nchw = [w.name for w in workloads.list_workloads("resnet50")]
-    assert names == nchw + [w.name for w in workloads.list_workloads(group)]
+    assert names == nchw + [w.name for w in workloads.list_workloads(group)] + \
+        [w.name for w in workloads.list_workloads(group + "-winograd")]
     assert [w.name for w in select_workloads("resnet50", "cuda")] == nchw
     assert [w.name for w in select_workloads("resnet50")] == nchw
     assert [w.name for w in select_workloads("smoke", target)] == \

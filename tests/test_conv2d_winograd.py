@@ -227,3 +227,95 @@ def test_default_schedule_on_every_cpu_target(target_name, lanes, rng):
         args = [tvm.runtime.tensor(a) for a in arrays.values()] + [tvm.runtime.tensor(got)]
         lib["main"](*args)
         assert_close(args[-1].numpy(), _reference(arrays, direct, "relu"), "float32", scale=2.0)
+
+
+# -- the registry's Winograd kernels (tuning, the per-layer bench) --------------------------------
+@pytest.mark.parametrize("block", [4, 8, 16])
+def test_registry_has_the_winograd_kernels_a_resnet50_build_runs(block):
+    """One fused and one folded Winograd workload per stride-1 3x3 layer of ResNet-50, with the
+    graph pass's tile (4x4 on 56x56 and 28x28, 2x2 below) and its register-tile padding for the
+    block's target; MobileNetV2 has none."""
+    from topi_bn import workloads as W
+    from topi_bn.relax.blocked import winograd_tiles
+    from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
+
+    fused = W.list_workloads(f"resnet50-nchw{block}c-winograd")
+    folded = W.list_workloads(f"resnet50-nchw{block}c-winograd-folded")
+    assert [(w.base, w.params["tile"]) for w in fused] == [
+        ("resnet50.conv3x3_64_64_56_s1_relu", 4), ("resnet50.conv3x3_128_128_28_s1_relu", 4),
+        ("resnet50.conv3x3_256_256_14_s1_relu", 2), ("resnet50.conv3x3_512_512_7_s1_relu", 2)]
+    assert [w.base for w in folded] == [w.base for w in fused]
+    assert {w.op for w in fused} == {"conv2d_bn_act_winograd_nchwc"}
+    assert {w.op for w in folded} == {"conv2d_shift_act_winograd_nchwc"}
+    target = resolve_target(W.BLOCK_TARGETS[block])
+    for w in fused + folded:
+        base = W.get(w.base)
+        alpha = w.params["tile"] + 2
+        assert w.shapes["weight"][:2] == (alpha, alpha) and w.shapes["weight"][-1] == block
+        assert w.params["tile_block"] == winograd_tile_block(
+            target, winograd_tiles(base.shapes["data"], w.params["tile"]))
+        assert w.flops == base.flops  # the direct conv's work, as the bench reports it
+    assert W.blocked_groups(block, winograd=True) == (f"resnet50-nchw{block}c-winograd",)
+
+
+@pytest.mark.parametrize("name", ["resnet50.conv3x3_128_128_28_s1_relu.nchw8c.winograd4",
+                                  "resnet50.conv3x3_512_512_7_s1_relu.nchw8c.winograd2.folded"])
+def test_registry_winograd_kernel_matches_its_float64_reference(name):
+    """The reference convolves with the 3x3 weight recovered from the transformed one (least
+    squares through G), so it checks the kernel against a direct conv."""
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+    from topi_bn import workloads as W
+
+    w = W.get(name)
+    inputs = w.random_inputs()
+    args = w.te_args()
+    (got,) = run_te(args, w.compute(*args), inputs, target="x86-avx2", schedule=True)
+    assert_close(got, w.reference(*inputs)[0], "float32", scale=2.0)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_unpacking_the_winograd_weight_recovers_the_3x3_weight(rng, tile):
+    w = rng.standard_normal((16, 24, 3, 3))
+    np.testing.assert_allclose(L.unpack_winograd_weight(L.pack_winograd_weight(w, tile, 8, 8),
+                                                        tile), w, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^u: expected \(6, 6, \.\.\.\) for tile 4"):
+        L.unpack_winograd_weight(np.zeros((4, 4, 2, 3, 8, 8)), 4)
+
+
+def test_a_record_of_the_registry_winograd_kernel_applies_in_a_network_build(tmp_path):
+    """A record of the registry's Winograd workload (as ``topi-bn tune`` writes it) is found by
+    a fused build of a model with that layer: the workload is the PrimFunc the build sees."""
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+    import torch
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn import workloads as W
+    from topi_bn.bench import networks as nb
+    from topi_bn.schedules import common
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import merge_records
+
+    target = resolve_target("x86-avx2")
+    w = W.get("resnet50.conv3x3_512_512_7_s1_relu.nchw8c.winograd2")
+    func = workload_prim_func(w, target=target)
+    mod = build_visible_mod(func)
+    sch = tvm.s_tir.Schedule(mod)
+    common.schedule_function(sch, target, tunable=True)
+    record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [1e-5], target,
+                                      ms.arg_info.ArgInfo.from_prim_func(func))
+    log = str(tmp_path / "log")
+    merge_records(log, mod, [record])
+
+    def layer():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3, padding=1, bias=False),
+                                   torch.nn.BatchNorm2d(512), torch.nn.ReLU())
+
+    net = nb.Network("one_layer", layer, (1, 512, 7, 7))
+    notes = {logs: nb.prepare_network("topi-bn fused (torch.export)", net, target, 2,
+                                      tuning_logs=logs).note for logs in (log, None)}
+    assert "convs on topi-bn kernels 1" in notes[log]
+    assert "kernels without a tuning record 0" in notes[log]
+    assert "kernels without a tuning record 1" in notes[None]

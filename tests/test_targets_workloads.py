@@ -44,7 +44,8 @@ def test_every_api_form_is_accepted():
 
 def test_registry_groups_and_sizes():
     blocked = {f"{g}-nchw{b}c{f}" for g in ("resnet50", "mobilenetv2") for b in (4, 8, 16)
-               for f in ("", "-folded")} | {f"smoke-nchw{b}c" for b in (4, 8, 16)}
+               for f in ("", "-folded")} | {f"smoke-nchw{b}c" for b in (4, 8, 16)} | \
+        {f"resnet50-nchw{b}c-winograd{f}" for b in (4, 8, 16) for f in ("", "-folded")}
     assert set(workloads.groups()) == {"resnet50", "mobilenetv2", "bn_train", "layer_norm",
                                        "smoke", "gpu"} | blocked
     r50 = workloads.list_workloads("resnet50")

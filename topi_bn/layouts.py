@@ -31,6 +31,7 @@ import numpy as np
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
+    "unpack_winograd_weight",
 ]
 
 
@@ -215,3 +216,22 @@ def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
     alpha = tile + 2
     u = u.reshape(alpha, alpha, k // kb, kb, c // cb, cb).transpose(0, 1, 2, 4, 5, 3)
     return np.ascontiguousarray(u.astype(w.dtype))
+
+
+def unpack_winograd_weight(u, tile: int) -> np.ndarray:
+    """The inverse of :func:`pack_winograd_weight`: the OIHW 3x3 weight (K, C, 3, 3), float64,
+    whose transform is ``u`` (alpha, alpha, K/kb, C/cb, cb, kb), by least squares through G
+    (:math:`w = G^+ U G^{+T}`, exact for a ``u`` that :func:`pack_winograd_weight` made, up to
+    its rounding): what a float64 reference of the Winograd kernel convolves with."""
+    from .compute.conv2d_winograd_nchwc import winograd_matrices
+
+    alpha = tile + 2
+    a, b, ko, co, cb, kb = _check_ndim("u", u, 6, "(alpha, alpha, K/kb, C/cb, cb, kb)")
+    if (a, b) != (alpha, alpha):
+        raise ValueError(f"u: expected ({alpha}, {alpha}, ...) for tile {tile}, got "
+                         f"{(a, b)}")
+    _, _, g = winograd_matrices(tile)
+    gp = np.linalg.pinv(g)  # (3, alpha)
+    u = np.asarray(u, np.float64).transpose(0, 1, 2, 5, 3, 4).reshape(alpha, alpha, ko * kb,
+                                                                         co * cb)
+    return np.einsum("ia,abkc,jb->kcij", gp, u, gp)

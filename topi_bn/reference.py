@@ -20,7 +20,8 @@ from .checks import (
 
 __all__ = [
     "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc",
-    "conv2d_shift_act_nchwc", "batch_norm_train", "batch_norm_infer",
+    "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
+    "batch_norm_train", "batch_norm_infer",
     "unpacked_batch_norm", "layer_norm", "apply_activation",
 ]
 
@@ -137,6 +138,32 @@ def conv2d_shift_act_nchwc(data, weight, shift, residual=None, *, strides: Any =
     if residual is not None:
         y = y + nchwc_to_nchw(_f64(residual))
     return nchw_to_nchwc(apply_activation(y, activation), geo.out_block)
+
+
+def conv2d_bn_act_winograd_nchwc(data, weight, gamma, beta, mean, var, bias=None, residual=None,
+                                 *, tile: int, tile_block: int = 1, eps: float = 1e-5,
+                                 activation: str | None = "relu") -> np.ndarray:
+    """The Winograd kernel in float64: the blocked direct conv (3x3, stride 1, padding 1) with
+    the 3x3 weight whose transform ``weight`` is (:func:`topi_bn.layouts.unpack_winograd_weight`;
+    ``tile_block`` only pads the kernel's work)."""
+    return conv2d_bn_act_nchwc(data, _direct_weight(data, weight, tile), gamma, beta, mean, var,
+                               bias, residual, padding=1, eps=eps, activation=activation)
+
+
+def conv2d_shift_act_winograd_nchwc(data, weight, shift, residual=None, *, tile: int,
+                                    tile_block: int = 1,
+                                    activation: str | None = "relu") -> np.ndarray:
+    """The folded Winograd kernel in float64 (see :func:`conv2d_bn_act_winograd_nchwc`)."""
+    return conv2d_shift_act_nchwc(data, _direct_weight(data, weight, tile), shift, residual,
+                                  padding=1, activation=activation)
+
+
+def _direct_weight(data, weight, tile: int) -> np.ndarray:
+    """The blocked direct-conv weight (K/kb, C/cb, 3, 3, cb, kb) behind a Winograd weight."""
+    from .layouts import pack_weight, unpack_winograd_weight
+
+    kb, cb = np.shape(weight)[-1], np.shape(data)[-1]
+    return pack_weight(unpack_winograd_weight(weight, tile), cb, kb)
 
 
 def _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual):

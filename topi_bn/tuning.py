@@ -166,8 +166,9 @@ def select_workloads(spec, target=None) -> list:
 
     With a CPU ``target``, a network group (``resnet50``, ``mobilenetv2``) or ``"all"`` also
     brings the blocked-layout kernels a CPU build of the network runs, for the target's block
-    size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2), after the NCHW ones; the ``bn="folded"``
-    kernels are their own groups (``resnet50-nchw8c-folded``)."""
+    size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2) and its Winograd kernels
+    (``resnet50-nchw8c-winograd``), after the NCHW ones; the ``bn="folded"`` kernels are their
+    own groups (``resnet50-nchw8c-folded``, ``resnet50-nchw8c-winograd-folded``)."""
     if isinstance(spec, _workloads.Workload):
         return [spec]
     if isinstance(spec, str):
@@ -211,8 +212,9 @@ def _blocked_for(group: str, target) -> list:
     lanes = vector_lanes(tgt, "float32")
     if lanes not in _workloads.BLOCK_SIZES:
         return []
-    return [w for g in _workloads.blocked_groups(lanes, networks=networks)
-            for w in _workloads.list_workloads(g)]
+    chosen = _workloads.blocked_groups(lanes, networks=networks) + \
+        _workloads.blocked_groups(lanes, networks=networks, winograd=True)
+    return [w for g in chosen for w in _workloads.list_workloads(g)]
 
 
 def _check_trials(trials) -> int:

@@ -21,7 +21,11 @@ Groups:
   one (ResNet-50's last 1x1 of each bottleneck: ``relu(bn(conv) + x)``; MobileNetV2's
   stride-1 projections with equal channels: ``bn(conv) + x``); ``...-folded`` groups hold the
   ``bn="folded"`` kernels (:func:`~topi_bn.compute.conv2d_shift_act_nchwc`); ``smoke-nchw<b>c``
-  tiny ones. :func:`blocked_groups` names the groups of a block size (a target's lanes).
+  tiny ones. ``resnet50-nchw<b>c-winograd`` (and ``...-folded``): the kernels a blocked build
+  runs by Winograd's algorithm instead (ResNet-50's stride-1 3x3 convs;
+  :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`), the weight the transformed one, the
+  register tile sized for the block's target (:data:`BLOCK_TARGETS`).
+  :func:`blocked_groups` names the groups of a block size (a target's lanes).
 
 A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeholders,
 :meth:`Workload.compute` calls the topi-bn compute on them, :meth:`Workload.random_inputs`
@@ -35,14 +39,18 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Workload", "get", "list_workloads", "groups", "blocked_groups", "OPS", "CONV_OPS",
-           "BLOCK_SIZES", "GPU_DTYPES", "NOT_IN_ALL"]
+           "WINOGRAD_OPS", "BLOCK_SIZES", "BLOCK_TARGETS", "GPU_DTYPES", "NOT_IN_ALL"]
 
 OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
-       "conv2d_shift_act_nchwc")
-CONV_OPS = ("conv2d_bn_relu", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
+       "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
+CONV_OPS = ("conv2d_bn_relu", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc",
+            "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
 BLOCKED_OPS = ("conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
+WINOGRAD_OPS = ("conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
 # channel blocks of the blocked-layout workloads: fp32 lanes of NEON, AVX2 and AVX-512
 BLOCK_SIZES = (4, 8, 16)
+#: The target whose registers size a Winograd workload's register tile, per block size.
+BLOCK_TARGETS = {4: "arm", 8: "x86-avx2", 16: "x86-avx512"}
 # optional tensor arguments, passed to the compute and the reference by keyword
 _KEYWORD_ARGS = ("bias", "residual")
 
@@ -88,6 +96,8 @@ class Workload:
         for name, shape in self.shapes.items():
             if name in ("var", "running_var"):
                 a = rng.uniform(0.5, 1.5, shape)
+            elif name == "weight" and self.op in WINOGRAD_OPS:
+                a = self._winograd_weight(rng)
             elif name == "weight":
                 fan_in = int(np.prod(shape)) // self.out_channels
                 a = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
@@ -95,6 +105,14 @@ class Workload:
                 a = rng.standard_normal(shape)
             out.append(_as_dtype(a, dtype))
         return out
+
+    def _winograd_weight(self, rng) -> np.ndarray:
+        """The transform of a random 3x3 weight (a Winograd weight is one)."""
+        from .layouts import pack_winograd_weight
+
+        _, _, ko, co, cb, kb = self.shapes["weight"]
+        w = rng.standard_normal((ko * kb, co * cb, 3, 3)) / np.sqrt(9 * co * cb)
+        return pack_winograd_weight(w, self.params["tile"], cb, kb)
 
     # -- the op ---------------------------------------------------------------------------------
     def compute(self, *args):
@@ -140,7 +158,12 @@ class Workload:
         """The :class:`~topi_bn.checks.ConvGeometry` of a conv workload."""
         from .checks import conv_geometry, conv_geometry_nchwc
 
-        args = (_Shape(self.shapes["data"]), _Shape(self.shapes["weight"]),
+        weight = self.shapes["weight"]
+        if self.op in WINOGRAD_OPS:  # a 3x3 "same" conv: the direct weight's shape
+            _, _, ko, co, cb, kb = weight
+            return conv_geometry_nchwc(_Shape(self.shapes["data"]),
+                                       _Shape((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
+        args = (_Shape(self.shapes["data"]), _Shape(weight),
                 self.params.get("strides", 1), self.params.get("padding", 0),
                 self.params.get("dilation", 1), self.params.get("groups", 1))
         if self.op in BLOCKED_OPS:
@@ -281,6 +304,35 @@ def _conv_nchwc(base: Workload, block: int, residual: bool = False, activation: 
                     params, tuple(g + suffix for g in base.groups), base=base.name, block=block)
 
 
+def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
+    """The Winograd kernel a blocked build runs instead of ``direct``, the blocked twin of the
+    NCHW layer ``base``, when the graph pass's rule gives it one
+    (:func:`topi_bn.relax.blocked.winograd_tile`), else None: its weight is the transformed
+    one, and its register tile is sized for the block's target (:data:`BLOCK_TARGETS`)."""
+    from .relax.blocked import winograd_tile, winograd_tiles
+    from .schedules.cpu_conv_winograd import winograd_tile_block
+    from .targets import resolve_target
+
+    p = base.params
+    tile = winograd_tile(base.shapes["data"], base.shapes["weight"], "float32",
+                         p.get("strides", 1), p.get("padding", 0), p.get("dilation", 1),
+                         p.get("groups", 1))
+    if tile is None:
+        return None
+    ko, co, _, _, cb, kb = direct.shapes["weight"]
+    shapes = {**direct.shapes, "weight": (tile + 2, tile + 2, ko, co, cb, kb)}
+    tile_block = winograd_tile_block(resolve_target(BLOCK_TARGETS[direct.block]),
+                                     winograd_tiles(base.shapes["data"], tile))
+    params = {"tile": tile, "tile_block": tile_block,
+              "activation": direct.params["activation"]}
+    folded = direct.op == "conv2d_shift_act_nchwc"
+    name = direct.name.replace(".folded", "") + f".winograd{tile}" + (".folded" if folded else "")
+    suffix = f"-nchw{direct.block}c"
+    groups = tuple(g.replace(suffix, suffix + "-winograd") for g in direct.groups)
+    return Workload(name, WINOGRAD_OPS[folded], shapes, params, groups, base=base.name,
+                    block=direct.block)
+
+
 def _residual_layers() -> dict[str, list[tuple[Workload, bool, str]]]:
     """Per network, ``(NCHW layer, residual, activation)`` of every conv as the network runs it
     (the NCHW registry lists each distinct conv once and without its residual add)."""
@@ -332,18 +384,25 @@ def _blocked() -> list[Workload]:
     for block in BLOCK_SIZES:
         for net in ("resnet50", "mobilenetv2"):
             for folded in (False, True):
-                out += [_conv_nchwc(w, block, res, act, folded) for w, res, act in layers[net]]
+                for w, res, act in layers[net]:
+                    direct = _conv_nchwc(w, block, res, act, folded)
+                    out.append(direct)
+                    winograd = _winograd_twin(w, direct)
+                    if winograd is not None:
+                        out.append(winograd)
         out += [_conv_nchwc(w, block, res, act) for w, res, act in smoke]
     return out
 
 
-def blocked_groups(block: int, folded: bool = False, networks=("resnet50", "mobilenetv2")
-                   ) -> tuple[str, ...]:
-    """The blocked-layout groups of ``block`` (a target's fp32 lanes) for ``networks``."""
+def blocked_groups(block: int, folded: bool = False, networks=("resnet50", "mobilenetv2"),
+                   winograd: bool = False) -> tuple[str, ...]:
+    """The blocked-layout groups of ``block`` (a target's fp32 lanes) for ``networks``: the
+    direct kernels', or (``winograd``) those of the networks that have Winograd kernels
+    (``resnet50-nchw8c-winograd``; MobileNetV2 has none)."""
     if block not in BLOCK_SIZES:
         raise ValueError(f"block: expected one of {BLOCK_SIZES}, got {block!r}")
-    suffix = f"-nchw{block}c" + ("-folded" if folded else "")
-    return tuple(n + suffix for n in networks)
+    suffix = f"-nchw{block}c" + ("-winograd" if winograd else "") + ("-folded" if folded else "")
+    return tuple(n + suffix for n in networks if n + suffix in groups())
 
 
 def _bn_train() -> list[Workload]:

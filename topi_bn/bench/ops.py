@@ -316,55 +316,41 @@ class TopiBnBlocked(OpImpl):
 
 class TopiBnWinograd(OpImpl):
     """The layers a blocked network build runs by Winograd's algorithm
-    (:func:`topi_bn.relax.blocked.winograd_tile`): the kernel
-    :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc` with its default schedule, timed as
-    :class:`TopiBnBlocked` is, on inputs already blocked, the weight transformed once, untimed
-    (the build does it for a constant weight). Other layers: ``n/a``."""
+    (:func:`topi_bn.relax.blocked.winograd_tile`): the registry's Winograd kernel of the layer
+    (``resnet50-nchw<b>c-winograd``, :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`),
+    built with the run's tuning logs and timed as :class:`TopiBnBlocked` is, on inputs already
+    blocked, the weight transformed once, untimed (the build does it for a constant weight).
+    Other layers: ``n/a``."""
 
     name = "topi-bn Winograd"
     ops = ("conv2d_bn_relu",)
 
     def prepare(self, wl, ctx):
-        import tvm
-        from tvm import te
-
-        from ..compute import conv2d_bn_act_winograd_nchwc
         from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_winograd_weight
-        from ..relax.blocked import winograd_tile, winograd_tiles
-        from ..schedules import apply_default_schedules
-        from ..schedules.cpu_conv_winograd import winograd_tile_block
         from ..targets import target_family
 
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the blocked-layout kernel is CPU-only")
-        p = wl.params
-        x, w, *bn = ctx.arrays
-        tile = None
-        if p.get("layout", "NCHW") == "NCHW" and len(bn) == 4:
-            tile = winograd_tile(x.shape, w.shape, str(x.dtype), p.get("strides", 1),
-                                 p.get("padding", 0), p.get("dilation", 1), p.get("groups", 1))
-        if tile is None:
+        block = ChannelBlocking.for_target(ctx.target).lanes
+        group = f"{wl.name.split('.')[0]}-nchw{block}c-winograd"
+        twins = [t for t in (W.list_workloads(group) if group in W.groups() else [])
+                 if t.base == wl.name]
+        if not twins:
             raise Unavailable("not a Winograd layer (3x3 stride 1, >= 32 channels, float32)")
-        blocking = ChannelBlocking.for_target(ctx.target)
-        cb, kb = blocking.block(x.shape[1]), blocking.block(w.shape[0])
+        twin = twins[0]
+        lib, note = build_kernel(twin, ctx.target, ctx.tuning_logs)
+        x, w, *bn = ctx.arrays
+        cb, kb = twin.shapes["data"][-1], twin.shapes["weight"][-1]
+        tile = twin.params["tile"]
         arrays = [nchw_to_nchwc(x, cb), pack_winograd_weight(w, tile, cb, kb), *bn]
-        ph = [te.placeholder(a.shape, str(a.dtype), f"a{i}") for i, a in enumerate(arrays)]
-        tile_block = winograd_tile_block(ctx.target, winograd_tiles(x.shape, tile))
-        out = conv2d_bn_act_winograd_nchwc(
-            *ph, tile=tile, tile_block=tile_block,
-            eps=p.get("eps", 1e-5), activation=p.get("activation", "relu"))
-        mod = tvm.IRModule({"main": te.create_prim_func(ph + [out])})
-        lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
-        res = tvm.runtime.empty(tuple(int(d) for d in out.shape), "float32", tvm.cpu())
-        f = lib["main"]
+        run, out = _tvm_dps(lib, twin, arrays)
 
         def convert():
             nchw_to_nchwc(x, cb)
-            nchwc_to_nchw(res.numpy())
+            nchwc_to_nchw(out())
 
-        return Prepared(lambda: f(*args, res), lambda: nchwc_to_nchw(res.numpy()),
-                        note=f"F({tile}x{tile}, 3x3): default schedule",
+        return Prepared(run, lambda: nchwc_to_nchw(out()),
+                        note=f"{twin.name}: F({tile}x{tile}, 3x3), {note}",
                         side_costs={"layout conversion": convert})
 
 
