@@ -193,7 +193,7 @@ def select_workloads(spec, target=None) -> list:
         except ValueError:
             raise ValueError(
                 f"workloads: unknown workload or group {n!r}; groups are "
-                f"{', '.join(_workloads.groups() + ('all',))}; names are listed by "
+                f"{_workloads.describe_groups()}; names are listed by "
                 f"topi_bn.workloads.list_workloads()") from None
     return out
 

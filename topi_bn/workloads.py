@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Workload", "get", "list_workloads", "groups", "blocked_groups", "OPS", "CONV_OPS",
+__all__ = ["Workload", "get", "list_workloads", "groups", "describe_groups", "blocked_groups",
+           "OPS", "CONV_OPS",
            "WINOGRAD_OPS", "BLOCK_SIZES", "BLOCK_TARGETS", "GPU_DTYPES", "NOT_IN_ALL"]
 
 OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
@@ -481,13 +482,21 @@ def groups() -> tuple[str, ...]:
     return tuple(sorted({g for w in _REGISTRY.values() for g in w.groups}))
 
 
+def describe_groups() -> str:
+    """The groups in a few words (for error messages): the plain ones, 'all', and the pattern
+    of the blocked-layout ones."""
+    plain = [g for g in groups() if "-nchw" not in g]
+    return (", ".join(plain + ["all"]) + ", or a blocked-layout group "
+            "<network>-nchw<4|8|16>c[-winograd][-folded] (topi_bn.workloads.groups())")
+
+
 def list_workloads(group: str | None = None, op: str | None = None) -> list[Workload]:
     """Workloads of ``group`` (``"resnet50"``, ``"mobilenetv2"``, ``"bn_train"``,
     ``"layer_norm"``, ``"smoke"``, ``"gpu"``, the blocked-layout groups such as
     ``"resnet50-nchw8c"``; ``"all"`` or ``None`` for all but the groups of :data:`NOT_IN_ALL`
     and the blocked ones, whose block size depends on the target), optionally of one ``op``."""
     if group not in (None, "all") and group not in groups():
-        raise ValueError(f"group: expected one of {groups() + ('all',)}, got {group!r}")
+        raise ValueError(f"group: expected one of {describe_groups()}, got {group!r}")
     if op is not None and op not in OPS:
         raise ValueError(f"op: expected one of {OPS}, got {op!r}")
     out = []
