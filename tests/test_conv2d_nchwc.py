@@ -456,7 +456,7 @@ def test_blocked_workloads_follow_their_nchw_layers():
     from topi_bn import workloads
 
     for block in workloads.BLOCK_SIZES:
-        for net in ("resnet50", "mobilenetv2"):
+        for net in workloads.NETWORKS:
             blocked = workloads.list_workloads(f"{net}-nchw{block}c")
             folded = workloads.list_workloads(f"{net}-nchw{block}c-folded")
             assert len(folded) == len(blocked)

@@ -255,7 +255,8 @@ def test_registry_has_the_winograd_kernels_a_resnet50_build_runs(block):
         assert w.params["tile_block"] == winograd_tile_block(
             target, winograd_tiles(base.shapes["data"], w.params["tile"]))
         assert w.flops == base.flops  # the direct conv's work, as the bench reports it
-    assert W.blocked_groups(block, winograd=True) == (f"resnet50-nchw{block}c-winograd",)
+    assert W.blocked_groups(block, winograd=True) == (f"resnet18-nchw{block}c-winograd",
+                                                      f"resnet50-nchw{block}c-winograd")
 
 
 @pytest.mark.parametrize("name", ["resnet50.conv3x3_128_128_28_s1_relu.nchw8c.winograd4",

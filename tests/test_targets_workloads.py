@@ -43,11 +43,12 @@ def test_every_api_form_is_accepted():
 
 
 def test_registry_groups_and_sizes():
-    blocked = {f"{g}-nchw{b}c{f}" for g in ("resnet50", "mobilenetv2") for b in (4, 8, 16)
+    nets = ("resnet18", "resnet50", "mobilenetv2")
+    blocked = {f"{g}-nchw{b}c{f}" for g in nets for b in (4, 8, 16)
                for f in ("", "-folded")} | {f"smoke-nchw{b}c" for b in (4, 8, 16)} | \
-        {f"resnet50-nchw{b}c-winograd{f}" for b in (4, 8, 16) for f in ("", "-folded")}
-    assert set(workloads.groups()) == {"resnet50", "mobilenetv2", "bn_train", "layer_norm",
-                                       "smoke", "gpu"} | blocked
+        {f"{g}-nchw{b}c-winograd{f}" for g in ("resnet18", "resnet50") for b in (4, 8, 16)
+         for f in ("", "-folded")}
+    assert set(workloads.groups()) == {*nets, "bn_train", "layer_norm", "smoke", "gpu"} | blocked
     r50 = workloads.list_workloads("resnet50")
     assert len(r50) == len({w.name for w in r50}) >= 15
     stem = workloads.get("resnet50.conv7x7_3_64_224_s2_relu")

@@ -138,7 +138,8 @@ def test_resume_skips_completed_workloads(tmp_path):
 
     log = copy_log(str(tmp_path / "log"))
     before = dir_digest(log)
-    results = tune("x86", WORKLOAD, trials=TRIALS, log_dir=log, space="template", progress=None)
+    # the log's target by name: "x86" would be another log key on an AVX-512 host
+    results = tune(TARGET, WORKLOAD, trials=TRIALS, log_dir=log, space="template", progress=None)
     assert [(r.workload, r.status, r.trials) for r in results] == [(WORKLOAD, "skipped", 0)]
     after = dir_digest(log)
     after.pop(".topi_bn.lock", None)
@@ -156,8 +157,37 @@ def test_resume_counts_per_space(tmp_path):
     assert "|template|" in key
     func = tuning.workload_prim_func(WORKLOAD)
     auto_key = tuning._manifest_key(tuning._workloads.get(WORKLOAD), "float32", "auto",
-                                    tuning.resolve_target("x86"), tuning.build_visible_mod(func))
+                                    tuning.resolve_target(TARGET), tuning.build_visible_mod(func))
     assert auto_key != key and auto_key.replace("|auto|", "|template|") == key
+
+
+def test_a_kernel_under_another_name_is_tuned_once(tmp_path):
+    """Two networks' identical layers (ResNet-18's stem is ResNet-50's) are one kernel: trials
+    logged under one name count for the other, and a run that lists both tunes it once."""
+    import dataclasses
+    import io
+
+    from topi_bn import workloads
+    from topi_bn.tuning import tune
+
+    log = copy_log(str(tmp_path / "log"))
+    before = dir_digest(log)
+    twin = dataclasses.replace(workloads.get(WORKLOAD), name="twin.layer_norm_16x64")
+    err = io.StringIO()
+    results = tune(TARGET, [twin], trials=TRIALS, log_dir=log, progress=err)
+    assert [(r.workload, r.status) for r in results] == [(twin.name, "skipped")]
+    assert f"(the same kernel as {WORKLOAD})" in err.getvalue()
+    after = dir_digest(log)
+    after.pop(".topi_bn.lock", None)
+    before.pop(".topi_bn.lock", None)
+    assert after == before
+    # one more trial asked of both: the first name runs it, the second is the same kernel
+    results = tune(TARGET, [twin, workloads.get(WORKLOAD)], trials=TRIALS + 1, log_dir=log,
+                   progress=None)
+    assert [(r.workload, r.status, r.trials) for r in results] == [
+        (twin.name, "tuned", 1), (WORKLOAD, "skipped", 0)]
+    r18, r50 = (workloads.get(f"resnet{n}.conv7x7_3_64_224_s2_relu") for n in (18, 50))
+    assert (r18.op, r18.shapes, r18.params) == (r50.op, r50.shapes, r50.params)
 
 
 # -- concurrent writers -----------------------------------------------------------------------------

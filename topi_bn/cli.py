@@ -37,11 +37,12 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
     p.add_argument("--workloads", default="smoke",
-                   help="a group (resnet50, mobilenetv2, bn_train, layer_norm, smoke, gpu, or a "
-                        "blocked-layout group such as resnet50-nchw8c), 'all' (all but smoke and gpu), or "
-                        "comma-separated workload names (default: smoke); on a CPU target "
-                        "resnet50, mobilenetv2 and all also tune the blocked-layout kernels for "
-                        "the target's block size")
+                   help="a group (resnet18, resnet50, mobilenetv2, bn_train, layer_norm, smoke, "
+                        "gpu, or a blocked-layout group such as resnet50-nchw8c), 'all' (all but "
+                        "smoke and gpu), or comma-separated workload names (default: smoke); on a "
+                        "CPU target the network groups and all also tune the blocked-layout "
+                        "kernels for the target's block size (a kernel two networks share is "
+                        "tuned once)")
     p.add_argument("--trials", type=_positive_int, default=16,
                    help="measured candidates per workload (default: 16)")
     p.add_argument("--log-dir", default=None,

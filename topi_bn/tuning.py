@@ -164,9 +164,9 @@ def select_workloads(spec, target=None) -> list:
     """Workloads named by ``spec``: a group (``topi_bn.workloads.groups()``), ``"all"``, a
     comma-separated list of workload names, or a sequence of names/Workloads.
 
-    With a CPU ``target``, a network group (``resnet50``, ``mobilenetv2``) or ``"all"`` also
-    brings the blocked-layout kernels a CPU build of the network runs, for the target's block
-    size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2) and its Winograd kernels
+    With a CPU ``target``, a network group (``resnet18``, ``resnet50``, ``mobilenetv2``) or
+    ``"all"`` also brings the blocked-layout kernels a CPU build of the network runs, for the
+    target's block size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2) and its Winograd kernels
     (``resnet50-nchw8c-winograd``), after the NCHW ones; the ``bn="folded"`` kernels are their
     own groups (``resnet50-nchw8c-folded``, ``resnet50-nchw8c-winograd-folded``)."""
     if isinstance(spec, _workloads.Workload):
@@ -203,8 +203,8 @@ def _blocked_for(group: str, target) -> list:
     groups and targets)."""
     from .targets import target_family, vector_lanes
 
-    networks = ("resnet50", "mobilenetv2") if group == "all" else (group,)
-    if target is None or not set(networks) <= {"resnet50", "mobilenetv2"}:
+    networks = _workloads.NETWORKS if group == "all" else (group,)
+    if target is None or not set(networks) <= set(_workloads.NETWORKS):
         return []
     tgt = resolve_target(target)
     if target_family(tgt) == "cuda":
@@ -422,7 +422,8 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         list of names.
     trials : int
         Measured candidates per workload. A workload whose log already has this many trials (for
-        this space, dtype and target) is skipped; one with fewer gets the difference.
+        this space, dtype and target) is skipped; one with fewer gets the difference. Trials of
+        the same kernel under another workload name (a layer two networks share) count.
     log_dir : path, optional
         The MetaSchedule JSON database directory (``database_workload.json`` +
         ``database_tuning_record.json``); created when missing, appended to otherwise.
@@ -485,22 +486,36 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     from .tuning_db import merge_records, read_manifest
 
     manifest = read_manifest(log_dir)
-    plan = []
+    # the same kernel under another name (a layer two networks share) is tuned once: the
+    # records apply by the PrimFunc, whatever the workload is called
+    done_by_kernel: dict[str, tuple[int, str]] = {}
+    for k, entry in manifest.items():
+        name, _, kernel = k.partition("|")
+        n = int(entry.get("trials", 0)) if isinstance(entry, dict) else 0
+        if n > done_by_kernel.get(kernel, (0, ""))[0]:
+            done_by_kernel[kernel] = (n, name)
+    plan, planned = [], {}
     for w in chosen:
         func = workload_prim_func(w, dtype, tgt)
         mod = build_visible_mod(func)
         key = _manifest_key(w, dtype, space, tgt, mod)
-        done = int(manifest.get(key, {}).get("trials", 0))
-        plan.append((w, func, mod, key, max(0, trials - done), done))
+        kernel = key.partition("|")[2]
+        done, same_as = done_by_kernel.get(kernel, (0, ""))
+        if kernel in planned:  # tuned in this run under the earlier name
+            done, same_as = trials, planned[kernel]
+        planned.setdefault(kernel, w.name)
+        same_as = "" if same_as == w.name else same_as
+        plan.append((w, func, mod, key, max(0, trials - done), done, same_as))
     prog = _Progress(sum(p[4] for p in plan), progress)
 
     results = []
-    for i, (w, func, mod, key, budget, done) in enumerate(plan):
+    for i, (w, func, mod, key, budget, done, same_as) in enumerate(plan):
         label = f"{i + 1}/{len(plan)} {w.name}"
         if budget == 0:
             results.append(TuneResult(w.name, "skipped"))
             if progress is not None:
-                progress.write(f"[skip] {label}: {done} trials already in {log_dir}\n")
+                what = f" (the same kernel as {same_as})" if same_as else ""
+                progress.write(f"[skip] {label}: {done} trials already in {log_dir}{what}\n")
             continue
         if space == "template":
             task_func, task_space = func, template_space(tgt)

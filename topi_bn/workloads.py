@@ -2,8 +2,9 @@
 
 Groups:
 
-- ``resnet50``: the distinct conv2d + BN (+ ReLU) layers of ResNet-50 (torchvision v1.5, stride
-  on the 3x3), 224x224, batch 1, NCHW;
+- ``resnet18``, ``resnet50``: the distinct conv2d + BN (+ ReLU) layers of ResNet-18 and
+  ResNet-50 (torchvision v1.5, stride on the 3x3), 224x224, batch 1, NCHW (a layer both
+  networks have is in each group under its network's name: the same kernel, tuned once);
 - ``mobilenetv2``: the distinct conv2d + BN (+ ReLU6) layers of MobileNetV2 (depthwise
   included), 224x224, batch 1, NCHW;
 - ``bn_train``: training batch-norm, 32x64x56x56 and 8x256x28x28 in NCHW and NHWC;
@@ -14,15 +15,17 @@ Groups:
   the dtypes :data:`GPU_DTYPES`. On a CPU one of them takes seconds to minutes, so ``"all"``
   (what CPU tuning and ``topi-bn bench`` run by default) leaves them out, as it leaves out
   ``smoke``; name the group to get them.
-- ``resnet50-nchw<b>c``, ``mobilenetv2-nchw<b>c`` (``b`` = 4, 8, 16: the fp32 lanes of NEON,
-  AVX2, AVX-512): the same conv layers as the blocked-layout kernel a CPU build runs inside a
-  network (:func:`topi_bn.compute.conv2d_bn_act_nchwc`; channel blocks from
+- ``<network>-nchw<b>c`` for each of :data:`NETWORKS` (``b`` = 4, 8, 16: the fp32 lanes of
+  NEON, AVX2, AVX-512): the same conv layers as the blocked-layout kernel a CPU build runs
+  inside a network (:func:`topi_bn.compute.conv2d_bn_act_nchwc`; channel blocks from
   :class:`topi_bn.layouts.ChannelBlocking`), with the residual add fused where the network has
-  one (ResNet-50's last 1x1 of each bottleneck: ``relu(bn(conv) + x)``; MobileNetV2's
-  stride-1 projections with equal channels: ``bn(conv) + x``); ``...-folded`` groups hold the
+  one (ResNet-50's last 1x1 of each bottleneck and ResNet-18's second 3x3 of each block:
+  ``relu(bn(conv) + x)``; MobileNetV2's stride-1 projections with equal channels:
+  ``bn(conv) + x``); ``...-folded`` groups hold the
   ``bn="folded"`` kernels (:func:`~topi_bn.compute.conv2d_shift_act_nchwc`); ``smoke-nchw<b>c``
-  tiny ones. ``resnet50-nchw<b>c-winograd`` (and ``...-folded``): the kernels a blocked build
-  runs by Winograd's algorithm instead (ResNet-50's stride-1 3x3 convs;
+  tiny ones. ``resnet18-nchw<b>c-winograd``, ``resnet50-nchw<b>c-winograd`` (and ``...-folded``):
+  the kernels a blocked build runs by Winograd's algorithm instead (the ResNets' stride-1 3x3
+  convs;
   :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`), the weight the transformed one, the
   register tile sized for the block's target (:data:`BLOCK_TARGETS`).
   :func:`blocked_groups` names the groups of a block size (a target's lanes).
@@ -40,7 +43,7 @@ import numpy as np
 
 __all__ = ["Workload", "get", "list_workloads", "groups", "describe_groups", "blocked_groups",
            "OPS", "CONV_OPS",
-           "WINOGRAD_OPS", "BLOCK_SIZES", "BLOCK_TARGETS", "GPU_DTYPES", "NOT_IN_ALL"]
+           "WINOGRAD_OPS", "BLOCK_SIZES", "NETWORKS", "BLOCK_TARGETS", "GPU_DTYPES", "NOT_IN_ALL"]
 
 OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
        "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
@@ -57,6 +60,9 @@ _KEYWORD_ARGS = ("bias", "residual")
 
 #: The dtypes the ``gpu`` workloads are run in (tests and benchmarks).
 GPU_DTYPES = ("float32", "float16", "bfloat16")
+
+#: The networks whose conv layers are groups (NCHW, blocked, Winograd).
+NETWORKS = ("resnet18", "resnet50", "mobilenetv2")
 
 #: Groups that ``list_workloads("all")`` leaves out: tiny CI shapes, and GPU-sized shapes.
 NOT_IN_ALL = ("smoke", "gpu")
@@ -254,6 +260,29 @@ def _resnet50() -> list[Workload]:
     return layers
 
 
+def _resnet18_layers() -> list[tuple[Workload, bool, str]]:
+    """``(NCHW layer, residual, activation)`` of every conv of ResNet-18 as a network build
+    runs it: each basic block's second 3x3 adds the block's input (or the 1x1 downsample,
+    stride on both) before its ReLU."""
+    g = "resnet18"
+    layers = [(_conv(g, g, 3, 64, 224, 7, 2, 1, "relu"), False, "relu")]
+    cin, hw = 64, 56
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for b in range(2):
+            s = stride if b == 0 else 1
+            layers.append((_conv(g, g, cin, width, hw, 3, s, 1, "relu"), False, "relu"))
+            ohw = hw // s
+            if s != 1 or cin != width:
+                layers.append((_conv(g, g, cin, width, hw, 1, s, 1, "none"), False, "none"))
+            layers.append((_conv(g, g, width, width, ohw, 3, 1, 1, "none"), True, "relu"))
+            cin, hw = width, ohw
+    return layers
+
+
+def _resnet18() -> list[Workload]:
+    return [w for w, _, _ in _resnet18_layers()]
+
+
 def _mobilenetv2() -> list[Workload]:
     g = "mobilenetv2"
     layers = [_conv(g, g, 3, 32, 224, 3, 2, 1, "relu6")]
@@ -374,7 +403,7 @@ def _residual_layers() -> dict[str, list[tuple[Workload, bool, str]]]:
                        "none"))
             cin = c
     mb.append((_conv(g, g, 320, 1280, 7, 1, 1, 1, "relu6"), False, "relu6"))
-    return {"resnet50": r50, "mobilenetv2": mb}
+    return {"resnet18": _resnet18_layers(), "resnet50": r50, "mobilenetv2": mb}
 
 
 def _blocked() -> list[Workload]:
@@ -383,7 +412,7 @@ def _blocked() -> list[Workload]:
     smoke = [(w, False, w.params["activation"]) for w in _smoke() if w.op == "conv2d_bn_relu"]
     smoke.append((smoke[0][0], True, "relu"))
     for block in BLOCK_SIZES:
-        for net in ("resnet50", "mobilenetv2"):
+        for net in NETWORKS:
             for folded in (False, True):
                 for w, res, act in layers[net]:
                     direct = _conv_nchwc(w, block, res, act, folded)
@@ -395,7 +424,7 @@ def _blocked() -> list[Workload]:
     return out
 
 
-def blocked_groups(block: int, folded: bool = False, networks=("resnet50", "mobilenetv2"),
+def blocked_groups(block: int, folded: bool = False, networks=NETWORKS,
                    winograd: bool = False) -> tuple[str, ...]:
     """The blocked-layout groups of ``block`` (a target's fp32 lanes) for ``networks``: the
     direct kernels', or (``winograd``) those of the networks that have Winograd kernels
@@ -458,7 +487,7 @@ def _gpu() -> list[Workload]:
 
 
 def _build() -> None:
-    for maker in (_resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _gpu, _blocked):
+    for maker in (_resnet18, _resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _gpu, _blocked):
         for w in maker():
             if w.name not in _REGISTRY:  # repeated layers appear once
                 _register(w)
@@ -491,7 +520,7 @@ def describe_groups() -> str:
 
 
 def list_workloads(group: str | None = None, op: str | None = None) -> list[Workload]:
-    """Workloads of ``group`` (``"resnet50"``, ``"mobilenetv2"``, ``"bn_train"``,
+    """Workloads of ``group`` (``"resnet18"``, ``"resnet50"``, ``"mobilenetv2"``, ``"bn_train"``,
     ``"layer_norm"``, ``"smoke"``, ``"gpu"``, the blocked-layout groups such as
     ``"resnet50-nchw8c"``; ``"all"`` or ``None`` for all but the groups of :data:`NOT_IN_ALL`
     and the blocked ones, whose block size depends on the target), optionally of one ``op``."""
