@@ -33,8 +33,8 @@ Each build row shows its kernels (:func:`kernel_counts`, from the passes' own re
 many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded
 into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
-The ONNX build of a mode is timed in turns with the torch.export build of the same mode, and
-the folded torch.export build and ONNX Runtime with the fused one
+The ONNX build of a mode is timed in turns with the torch.export build of the same mode, the
+folded torch.export build with the fused one, and ONNX Runtime with both
 (:func:`topi_bn.bench.timing.time_in_turns`), so their ratios are not the drift of the machine
 between two timings.
 """
@@ -338,8 +338,8 @@ class TopiBnBuild(NetworkImpl):
         timer = None
         partner = self._partner()
         if partner is not None and (other := ctx.get(partner[1])) is not None:
-            timer = functools.partial(_time_in_turns_with, run, other, (self._label(),
-                                                                           partner[0]), info)
+            timer = functools.partial(_time_in_turns_with, run, self._label(),
+                                      {partner[0]: other}, info)
         return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
                         timer=timer)
 
@@ -359,19 +359,19 @@ class TopiBnBuild(NetworkImpl):
         return None
 
 
-def _time_in_turns_with(run, other, labels: tuple[str, str], info: dict, rounds: int,
-                        min_round_ms: float, partner: str | None = None) -> Timing:
-    """Time ``run`` in turns with ``other`` (labels: this build's, the other's); both
-    medians go to ``info["in_turns_ms"]`` and, when ``partner`` names the other's
-    implementation (a row of the run), to ``info["in_turns_with"]``, from which
+def _time_in_turns_with(run, label: str, others: dict, info: dict, rounds: int,
+                        min_round_ms: float, partners: dict | None = None) -> Timing:
+    """Time ``run`` (labelled ``label``) in turns with ``others`` (label -> callable); every
+    median goes to ``info["in_turns_ms"]``, this build's label first, and, for the labels
+    ``partners`` maps to an implementation (a row of the run), ``(implementation, own ms,
+    its ms)`` to ``info["in_turns_with"]``, from which
     :func:`~topi_bn.bench.runner.compute_speedups` takes the pair's ratio. This build's
     timing is returned."""
-    mine, theirs = labels
-    t = time_in_turns({mine: run, theirs: other}, rounds, min_round_ms)
-    info["in_turns_ms"] = {label: t[label].median * 1e3 for label in t}
-    if partner is not None:
-        info["in_turns_with"] = (partner, info["in_turns_ms"][mine], info["in_turns_ms"][theirs])
-    return t[mine]
+    t = time_in_turns({label: run, **others}, rounds, min_round_ms)
+    ms = info["in_turns_ms"] = {name: t[name].median * 1e3 for name in t}
+    if partners:
+        info["in_turns_with"] = [(impl, ms[label], ms[other]) for other, impl in partners.items()]
+    return t[label]
 
 
 class TorchEager(NetworkImpl):
@@ -388,14 +388,16 @@ class TorchEager(NetworkImpl):
         return peers.torch_prepared(run)
 
 
-#: The build ONNX Runtime is timed in turns with (the comparison a user makes).
-FUSED_BUILD = TopiBnBuild("fused", "torch.export").name
+#: The builds ONNX Runtime is timed in turns with (the comparisons a user makes): label ->
+#: implementation.
+ORT_PARTNERS = {"fused": TopiBnBuild("fused", "torch.export").name,
+                "folded": TopiBnBuild("folded", "torch.export").name}
 
 
 class OnnxRuntime(NetworkImpl):
-    """ONNX Runtime on the ONNX export, timed in turns with the fused torch.export build of
-    the run (when it was built): the two a user compares, so that their ratio is not the
-    drift of the machine between two timings."""
+    """ONNX Runtime on the ONNX export, timed in turns with the run's fused and folded
+    torch.export builds (those it made): the builds a user compares it with, so that their
+    ratios are not the drift of the machine between timings taken minutes apart."""
 
     name, kind = "onnxruntime", "peer"
 
@@ -403,11 +405,12 @@ class OnnxRuntime(NetworkImpl):
         peers.require_ort()
         prepared = peers.ort_prepared(ctx.onnx_bytes(), {"x": ctx.x}, "y", ctx.threads,
                                       ctx.spin_wait)
-        fused = ctx.get("run:fused:auto")
-        if fused is not None:
-            prepared.timer = functools.partial(_time_in_turns_with, prepared.run, fused,
-                                               ("onnxruntime", "fused"), prepared.info,
-                                               partner=FUSED_BUILD)
+        builds = {label: run for label in ORT_PARTNERS
+                  if (run := ctx.get(f"run:{label}:auto")) is not None}
+        if builds:
+            prepared.timer = functools.partial(
+                _time_in_turns_with, prepared.run, "onnxruntime", builds, prepared.info,
+                partners={label: ORT_PARTNERS[label] for label in builds})
         return prepared
 
 

@@ -490,4 +490,5 @@ def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,
         impls = [i for i in impls if i.name in cfg.impls]
     threads = set_threads(cfg.threads, cfg.spin_wait)
     target = resolve_bench_target(cfg.target, threads)
-    return run_cases(op_cases(workloads, cfg, target, threads, impls), cfg, report)
+    return run_cases(op_cases(workloads, cfg, target, threads, impls), cfg, report,
+                     in_turns=True)

@@ -334,12 +334,13 @@ def import_path_ratios(results: Sequence[Result]) -> list[str]:
 
 
 def _in_turns(results: Sequence[Result], first: str, second: str) -> list[tuple[str, float, float]]:
-    """``(network, first ms, second ms)`` of the rows timed in turns with labels ``first`` and
-    ``second`` (:func:`topi_bn.bench.networks`)."""
+    """``(network, first ms, second ms)`` of the rows labelled ``first`` or ``second`` (their
+    own label: the first of ``in_turns_ms``) that were timed in turns with the other
+    (:func:`topi_bn.bench.networks`)."""
     found = []
     for r in results:
         turns = r.extra.get("in_turns_ms") if r.timing is not None else None
-        if turns and set(turns) == {first, second}:
+        if turns and next(iter(turns)) in (first, second) and {first, second} <= set(turns):
             found.append((r.workload, turns[first], turns[second]))
     return found
 
@@ -353,11 +354,17 @@ def fused_folded_ratios(results: Sequence[Result]) -> list[str]:
 
 
 def ort_ratios(results: Sequence[Result]) -> list[str]:
-    """Per network: ONNX Runtime's time over the fused build's (torch.export, blocked layout),
-    from their timing in turns (:func:`topi_bn.bench.networks`)."""
-    return [f"- {net}: fused {fused:.2f} ms, ONNX Runtime {ort:.2f} ms (fused vs ONNX Runtime "
-            f"{ort / fused:.2f}x, timed in turns)"
-            for net, ort, fused in _in_turns(results, "onnxruntime", "fused")]
+    """Per network: ONNX Runtime's time over the fused and folded builds' (torch.export,
+    blocked layout), from their timing in turns (:func:`topi_bn.bench.networks`)."""
+    folded = {net: ms for net, _, ms in _in_turns(results, "onnxruntime", "folded")}
+    lines = []
+    for net, ort, fused in _in_turns(results, "onnxruntime", "fused"):
+        fold = folded.get(net)
+        builds = f"fused {fused:.2f} ms" + (f", folded {fold:.2f} ms" if fold else "")
+        ratios = f"fused vs ONNX Runtime {ort / fused:.2f}x" + (
+            f", folded {ort / fold:.2f}x" if fold else "")
+        lines.append(f"- {net}: {builds}, ONNX Runtime {ort:.2f} ms ({ratios}, timed in turns)")
+    return lines
 
 
 def winograd_ratios(results: Sequence[Result]) -> list[str]:
@@ -430,16 +437,17 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         lines += ["Whole networks (batch 1, float32): every build's kernels in the last "
                   "column (BN: the graph's batch-norms fused into conv2d_bn_relu kernels, "
                   "folded into conv weights, or separate)" + _network_work(networks, bandwidth)
-                  + " The fused torch.export build's 'vs onnxruntime' is from their timing in "
-                  "turns (below), not from the two medians of the table, which were taken "
-                  "minutes apart.",
+                  + " The fused and folded torch.export builds' 'vs onnxruntime' is from their "
+                  "timing in turns with it (below), not from the medians of the table, which "
+                  "were taken minutes apart.",
                   "", format_networks(networks, bandwidth), ""]
         ratios = import_path_ratios(networks)
         if ratios:
             lines += ["The same model through both import paths:", "", *ratios, ""]
         ratios = ort_ratios(networks)
         if ratios:
-            lines += ["Fused build (torch.export, blocked layout) and ONNX Runtime:", "",
+            lines += ["Fused and folded builds (torch.export, blocked layout) and ONNX Runtime:",
+                      "",
                       *ratios, ""]
         ratios = fused_folded_ratios(networks)
         if ratios:

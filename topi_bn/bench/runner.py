@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .timing import Timing, time_callable
+from .timing import Timing, time_callable, time_in_turns
 
 __all__ = ["BenchConfig", "Unavailable", "Prepared", "Result", "Case", "run_cases",
            "compute_speedups", "progress", "one_line", "geomean", "resolve_bench_target"]
@@ -187,54 +187,111 @@ def one_line(err: BaseException) -> str:
 
 
 def run_cases(cases: Iterable[Case], cfg: BenchConfig,
-              report: Callable[[str], None] = progress) -> list[Result]:
+              report: Callable[[str], None] = progress, in_turns: bool = False) -> list[Result]:
     """Build, check and time every case in order; returns their results with speedups
     (:func:`compute_speedups`). A case that raises is reported in its result, never raised.
     ``cases`` may be a generator, so that what one workload's cases share (a network's
-    imported modules) is freed before the next workload's are made."""
-    results = []
+    imported modules) is freed before the next workload's are made.
+
+    ``in_turns``: the consecutive cases of one workload are all built and checked first, then
+    timed in turns (:func:`~topi_bn.bench.timing.time_in_turns`: round by round, one after
+    the other), so that a slow spell of the machine falls on all of them alike and their
+    ratios hold; a case with its own timer or rounds is timed alone."""
+    results: list[Result] = []
+    batch: list[Case] = []
+    for case in cases:
+        if batch and not (in_turns and case.result.group == batch[0].result.group):
+            results += _run_batch(batch, cfg, report)
+            batch = []
+        batch.append(case)
+    if batch:
+        results += _run_batch(batch, cfg, report)
+    compute_speedups(results)
+    return results
+
+
+def _run_batch(cases: Sequence[Case], cfg: BenchConfig,
+               report: Callable[[str], None]) -> list[Result]:
+    """Prepare, run and check each case, then time them (several in turns)."""
+    ready = []
     for case in cases:
         r = case.result
         report(f"{case.label}: {r.impl} ...")
-        p = None
+        p = _guard(r, report, lambda case=case: _prepare(case, cfg))
+        if p is not None:
+            ready.append((case, p))
+    alone = [(c, p) for c, p in ready if p.timer is not None or c.rounds is not None
+             or c.warmup is not None or c.min_round_ms is not None]
+    together = [cp for cp in ready if cp not in alone]
+    if len(together) < 2:
+        alone, together = ready, []
+    if together:
         try:
-            t0 = time.perf_counter()
-            p = case.prepare()
-            r.build_s = p.build_s or time.perf_counter() - t0
-            r.note = p.note
-            r.extra.update(p.info)
-            p.run()
-            if cfg.check and case.reference is not None and case.check is not None:
-                r.check = case.check(p.output(), case.reference())
-            rounds = case.rounds or cfg.rounds
-            min_ms = cfg.min_round_ms if case.min_round_ms is None else case.min_round_ms
-            if p.timer is not None:
-                r.timing = p.timer(rounds, min_ms)
-            else:
-                warmup = 2 if case.warmup is None else case.warmup
-                r.timing = time_callable(p.run, rounds, min_ms, warmup)
-            r.extra.update(p.info)  # what the timer added
-            for name, fn in p.side_costs.items():
-                r.extra.setdefault("side_costs_s", {})[name] = \
-                    time_callable(fn, rounds, min_ms).median
-            if case.rate is not None:
-                r.rate = case.rate(r.timing.median)
-            rate = f"  {r.rate:10.1f} {r.unit}" if r.rate is not None else ""
-            report(f"    {r.timing.median * 1e3:10.3f} ms{rate}  (build {r.build_s:.1f} s"
-                   f"{', ' + r.check if r.check else ''})")
-        except Unavailable as err:
-            r.error = f"n/a: {err}"
-            report(f"    skipped: {err}")
+            timings = time_in_turns({id(c): p.run for c, p in together}, cfg.rounds,
+                                    cfg.min_round_ms)
         except KeyboardInterrupt:
             raise
-        except Exception as err:  # noqa: BLE001 - one failure must not end the run
-            r.timing, r.error = None, one_line(err)
-            report(f"    FAILED: {r.error}")
-        finally:
-            del p  # a built network holds its weights: free them before the next case
-        results.append(r)
-    compute_speedups(results)
-    return results
+        except Exception:  # noqa: BLE001 - one of them failed: time each alone to find it
+            alone, together = ready, []
+        for c, p in together:
+            _guard(c.result, report,
+                   lambda c=c, p=p: _finish(c, p, cfg, report, timings[id(c)], in_turns=True))
+    for c, p in alone:
+        _guard(c.result, report, lambda c=c, p=p: _finish(c, p, cfg, report, None))
+    return [c.result for c in cases]
+
+
+def _guard(r: Result, report: Callable[[str], None], fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None with the failure recorded in ``r`` (one case's failure must not end
+    the run)."""
+    try:
+        return fn()
+    except Unavailable as err:
+        r.error = f"n/a: {err}"
+        report(f"    skipped: {err}")
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 - one failure must not end the run
+        r.timing, r.error = None, one_line(err)
+        report(f"    FAILED: {r.error}")
+    return None
+
+
+def _prepare(case: Case, cfg: BenchConfig) -> Prepared:
+    r = case.result
+    t0 = time.perf_counter()
+    p = case.prepare()
+    r.build_s = p.build_s or time.perf_counter() - t0
+    r.note = p.note
+    r.extra.update(p.info)
+    p.run()
+    if cfg.check and case.reference is not None and case.check is not None:
+        r.check = case.check(p.output(), case.reference())
+    return p
+
+
+def _finish(case: Case, p: Prepared, cfg: BenchConfig, report: Callable[[str], None],
+            timing: Timing | None, in_turns: bool = False) -> None:
+    """Time the case (unless ``timing`` is given), its side costs and its rate."""
+    r = case.result
+    rounds = case.rounds or cfg.rounds
+    min_ms = cfg.min_round_ms if case.min_round_ms is None else case.min_round_ms
+    if timing is not None:
+        r.timing = timing
+    elif p.timer is not None:
+        r.timing = p.timer(rounds, min_ms)
+    else:
+        warmup = 2 if case.warmup is None else case.warmup
+        r.timing = time_callable(p.run, rounds, min_ms, warmup)
+    r.extra.update(p.info)  # what the timer added
+    for name, fn in p.side_costs.items():
+        r.extra.setdefault("side_costs_s", {})[name] = time_callable(fn, rounds, min_ms).median
+    if case.rate is not None:
+        r.rate = case.rate(r.timing.median)
+    rate = f"  {r.rate:10.1f} {r.unit}" if r.rate is not None else ""
+    who = f"{r.impl}: " if in_turns else ""
+    report(f"    {who}{r.timing.median * 1e3:10.3f} ms{rate}  (build {r.build_s:.1f} s"
+           f"{', ' + r.check if r.check else ''}{', in turns' if in_turns else ''})")
 
 
 def compute_speedups(results: Sequence[Result]) -> None:
@@ -264,12 +321,12 @@ def compute_speedups(results: Sequence[Result]) -> None:
 
 def _ratio(other: Result, r: Result) -> float:
     """``other``'s time over ``r``'s: from their timing in turns when one was timed in turns
-    with the other (``extra["in_turns_with"] = (partner impl, own ms, partner's ms)``), else
-    from their medians."""
+    with the other (``extra["in_turns_with"]``: ``(partner impl, own ms, partner's ms)`` per
+    partner), else from their medians."""
     for a, b, flip in ((other, r, False), (r, other, True)):
-        turns = a.extra.get("in_turns_with")
-        if turns and turns[0] == b.impl:
-            return turns[2] / turns[1] if flip else turns[1] / turns[2]
+        for partner, own, theirs in a.extra.get("in_turns_with", ()):
+            if partner == b.impl:
+                return theirs / own if flip else own / theirs
     return other.timing.median / r.timing.median
 
 
