@@ -22,6 +22,8 @@ Modules, each importing only those above it (no import circle):
 
 Ops, networks and the GPU benchmark all turn their work into :class:`Case` objects and run
 them through :func:`run_cases`; the report reads the :class:`Result` list whatever produced it.
+The ops time a workload's implementations in turns (``run_cases(in_turns=True)``); the
+networks time the builds they compare in turns through their own timers.
 
 Threads: TVM pins its workers and the calling thread to single cores, and ``import tvm``
 imports PyTorch, whose threads would then share one core (20-100x slower). The benchmark sets

@@ -220,9 +220,10 @@ def _run_batch(cases: Sequence[Case], cfg: BenchConfig,
         p = _guard(r, report, lambda case=case: _prepare(case, cfg))
         if p is not None:
             ready.append((case, p))
-    alone = [(c, p) for c, p in ready if p.timer is not None or c.rounds is not None
-             or c.warmup is not None or c.min_round_ms is not None]
-    together = [cp for cp in ready if cp not in alone]
+    own = [p.timer is not None or c.rounds is not None or c.warmup is not None
+           or c.min_round_ms is not None for c, p in ready]
+    alone = [cp for cp, o in zip(ready, own) if o]
+    together = [cp for cp, o in zip(ready, own) if not o]
     if len(together) < 2:
         alone, together = ready, []
     if together:
