@@ -23,11 +23,11 @@ Groups:
   ``relu(bn(conv) + x)``; MobileNetV2's stride-1 projections with equal channels:
   ``bn(conv) + x``); ``...-folded`` groups hold the
   ``bn="folded"`` kernels (:func:`~topi_bn.compute.conv2d_shift_act_nchwc`); ``smoke-nchw<b>c``
-  tiny ones. ``resnet18-nchw<b>c-winograd``, ``resnet50-nchw<b>c-winograd`` (and ``...-folded``):
-  the kernels a blocked build runs by Winograd's algorithm instead (the ResNets' stride-1 3x3
-  convs;
-  :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`), the weight the transformed one, the
-  register tile sized for the block's target (:data:`BLOCK_TARGETS`).
+  tiny ones. ``resnet18-nchw<b>c-winograd``, ``resnet50-nchw<b>c-winograd`` (and
+  ``...-folded``): the kernels a blocked build runs by Winograd's algorithm instead (the
+  ResNets' stride-1 3x3 convs; :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`), the
+  weight the transformed one, the register tile sized for the block's target
+  (:data:`BLOCK_TARGETS`).
   :func:`blocked_groups` names the groups of a block size (a target's lanes).
 
 A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeholders,
@@ -243,19 +243,23 @@ def _conv(prefix: str, group: str, cin: int, cout: int, hw: int, k: int, stride:
     return Workload(name, "conv2d_bn_relu", shapes, params, (group,))
 
 
-def _resnet50() -> list[Workload]:
-    layers = [_conv("resnet50", "resnet50", 3, 64, 224, 7, 2, 1, "relu")]
+def _resnet50_layers() -> list[tuple[Workload, bool, str]]:
+    """``(NCHW layer, residual, activation)`` of every conv of ResNet-50 as a network build
+    runs it: each bottleneck's last 1x1 adds the block's input (or the 1x1 downsample) before
+    its ReLU."""
+    g = "resnet50"
+    layers = [(_conv(g, g, 3, 64, 224, 7, 2, 1, "relu"), False, "relu")]
     cin, hw = 64, 56
     for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
         out = width * 4
         for b in range(blocks):
             s = stride if b == 0 else 1
-            layers.append(_conv("resnet50", "resnet50", cin, width, hw, 1, 1, 1, "relu"))
-            layers.append(_conv("resnet50", "resnet50", width, width, hw, 3, s, 1, "relu"))
+            layers.append((_conv(g, g, cin, width, hw, 1, 1, 1, "relu"), False, "relu"))
+            layers.append((_conv(g, g, width, width, hw, 3, s, 1, "relu"), False, "relu"))
             ohw = hw // s
-            layers.append(_conv("resnet50", "resnet50", width, out, ohw, 1, 1, 1, "none"))
             if b == 0:
-                layers.append(_conv("resnet50", "resnet50", cin, out, hw, 1, s, 1, "none"))
+                layers.append((_conv(g, g, cin, out, hw, 1, s, 1, "none"), False, "none"))
+            layers.append((_conv(g, g, width, out, ohw, 1, 1, 1, "none"), True, "relu"))
             cin, hw = out, ohw
     return layers
 
@@ -279,13 +283,11 @@ def _resnet18_layers() -> list[tuple[Workload, bool, str]]:
     return layers
 
 
-def _resnet18() -> list[Workload]:
-    return [w for w, _, _ in _resnet18_layers()]
-
-
-def _mobilenetv2() -> list[Workload]:
+def _mobilenetv2_layers() -> list[tuple[Workload, bool, str]]:
+    """``(NCHW layer, residual, activation)`` of every conv of MobileNetV2 as a network build
+    runs it: a stride-1 block with equal channels adds its input to the linear projection."""
     g = "mobilenetv2"
-    layers = [_conv(g, g, 3, 32, 224, 3, 2, 1, "relu6")]
+    layers = [(_conv(g, g, 3, 32, 224, 3, 2, 1, "relu6"), False, "relu6")]
     cin, hw = 32, 112
     for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
                        (6, 160, 3, 2), (6, 320, 1, 1)):
@@ -293,12 +295,14 @@ def _mobilenetv2() -> list[Workload]:
             stride = s if i == 0 else 1
             hidden = cin * t
             if t != 1:
-                layers.append(_conv(g, g, cin, hidden, hw, 1, 1, 1, "relu6"))
-            layers.append(_conv(g, g, hidden, hidden, hw, 3, stride, hidden, "relu6"))
+                layers.append((_conv(g, g, cin, hidden, hw, 1, 1, 1, "relu6"), False, "relu6"))
+            layers.append((_conv(g, g, hidden, hidden, hw, 3, stride, hidden, "relu6"), False,
+                           "relu6"))
             hw //= stride
-            layers.append(_conv(g, g, hidden, c, hw, 1, 1, 1, "none"))
+            layers.append((_conv(g, g, hidden, c, hw, 1, 1, 1, "none"),
+                           stride == 1 and cin == c, "none"))
             cin = c
-    layers.append(_conv(g, g, 320, 1280, 7, 1, 1, 1, "relu6"))
+    layers.append((_conv(g, g, 320, 1280, 7, 1, 1, 1, "relu6"), False, "relu6"))
     return layers
 
 
@@ -364,46 +368,15 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
 
 
 def _residual_layers() -> dict[str, list[tuple[Workload, bool, str]]]:
-    """Per network, ``(NCHW layer, residual, activation)`` of every conv as the network runs it
-    (the NCHW registry lists each distinct conv once and without its residual add)."""
-    r50 = []
-    cin, hw = 64, 56
-    r50.append((_conv("resnet50", "resnet50", 3, 64, 224, 7, 2, 1, "relu"), False, "relu"))
-    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        out = width * 4
-        for b in range(blocks):
-            s = stride if b == 0 else 1
-            r50.append((_conv("resnet50", "resnet50", cin, width, hw, 1, 1, 1, "relu"), False,
-                        "relu"))
-            r50.append((_conv("resnet50", "resnet50", width, width, hw, 3, s, 1, "relu"), False,
-                        "relu"))
-            ohw = hw // s
-            if b == 0:
-                r50.append((_conv("resnet50", "resnet50", cin, out, hw, 1, s, 1, "none"), False,
-                            "none"))
-            # the block's output: relu(bn(conv) + identity or downsample)
-            r50.append((_conv("resnet50", "resnet50", width, out, ohw, 1, 1, 1, "none"), True,
-                        "relu"))
-            cin, hw = out, ohw
-    g = "mobilenetv2"
-    mb = [(_conv(g, g, 3, 32, 224, 3, 2, 1, "relu6"), False, "relu6")]
-    cin, hw = 32, 112
-    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                       (6, 160, 3, 2), (6, 320, 1, 1)):
-        for i in range(n):
-            stride = s if i == 0 else 1
-            hidden = cin * t
-            if t != 1:
-                mb.append((_conv(g, g, cin, hidden, hw, 1, 1, 1, "relu6"), False, "relu6"))
-            mb.append((_conv(g, g, hidden, hidden, hw, 3, stride, hidden, "relu6"), False,
-                       "relu6"))
-            hw //= stride
-            # a stride-1 block with equal channels adds its input (linear bottleneck)
-            mb.append((_conv(g, g, hidden, c, hw, 1, 1, 1, "none"), stride == 1 and cin == c,
-                       "none"))
-            cin = c
-    mb.append((_conv(g, g, 320, 1280, 7, 1, 1, 1, "relu6"), False, "relu6"))
-    return {"resnet18": _resnet18_layers(), "resnet50": r50, "mobilenetv2": mb}
+    """Per network of :data:`NETWORKS`, ``(NCHW layer, residual, activation)`` of every conv
+    as the network runs it; the NCHW groups list each distinct conv once, without its
+    residual add."""
+    return {"resnet18": _resnet18_layers(), "resnet50": _resnet50_layers(),
+            "mobilenetv2": _mobilenetv2_layers()}
+
+
+def _networks() -> list[Workload]:
+    return [w for layers in _residual_layers().values() for w, _, _ in layers]
 
 
 def _blocked() -> list[Workload]:
@@ -487,7 +460,7 @@ def _gpu() -> list[Workload]:
 
 
 def _build() -> None:
-    for maker in (_resnet18, _resnet50, _mobilenetv2, _bn_train, _layer_norm, _smoke, _gpu, _blocked):
+    for maker in (_networks, _bn_train, _layer_norm, _smoke, _gpu, _blocked):
         for w in maker():
             if w.name not in _REGISTRY:  # repeated layers appear once
                 _register(w)
