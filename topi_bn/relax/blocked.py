@@ -462,7 +462,7 @@ class _ToBlocked(relax.PyExprMutator):
                 return False
             block, blk = self.blocked[x]
             args = [blk] + [self.visit_expr(a) for a in value.args[1:]]
-            self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.sinfo_args),
+            self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.ty_args),
                                block)
             return True
         if name in _BINARY:
@@ -519,7 +519,7 @@ class _ToBlocked(relax.PyExprMutator):
             else:
                 return False
         args = [self.to_blocked(x, block) if a is None else a for x, a in zip(value.args, args)]
-        self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.sinfo_args), block)
+        self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.ty_args), block)
         return True
 
     # -- bindings ----------------------------------------------------------------------------------

@@ -83,8 +83,7 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
         raise ValueError(f"params: the module has no Relax function {func_name!r} to bind "
                          f"them to")
     checked = check_params(func, func_name, params)
-    values = {var.name: params[var.name] if isinstance(params[var.name], tvm.runtime.Tensor)
-              else tvm.runtime.tensor(np.ascontiguousarray(array))
+    values = {var.name: tvm.runtime.tensor(np.asarray(array, order="C"))  # 0-d stays 0-d
               for var, array in checked.items()}
     return relax.transform.BindParams(func_name, values)(mod)
 

@@ -7,6 +7,7 @@ from typing import Mapping
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..checks import check_param_value, describe
@@ -35,6 +36,25 @@ def _declared_dim(d):
     return None
 
 
+def _by_name(func: relax.Function, func_name: str, params: Mapping) -> Mapping:
+    """``params`` keyed by parameter name. ``relax.frontend.detach_params`` gives
+    ``{func_name: [value, ...]}``: the values of the parameters after the function's
+    ``num_input`` inputs, in order; that form is accepted too."""
+    values = params.get(func_name) if len(params) == 1 else None
+    if not isinstance(values, (list, tuple, tvm_ffi.Array)) or func_name in {
+            p.name for p in func.params}:
+        return params
+    num_input = func.attrs.get("num_input") if func.attrs is not None else None
+    weights = list(func.params)[int(num_input):] if num_input is not None else None
+    if weights is None or len(weights) != len(values):
+        raise ValueError(
+            f"params[{func_name!r}]: a list of values binds the parameters after the "
+            f"function's inputs (as relax.frontend.detach_params gives them), "
+            f"{'which has no num_input attribute' if weights is None else f'{len(weights)} of them'}"
+            f"; got {len(values)} values")
+    return {p.name: v for p, v in zip(weights, values)}
+
+
 def check_params(func: relax.Function, func_name: str, params) -> dict[relax.Var, np.ndarray]:
     """Map each entry of ``params`` (parameter name -> array) to its parameter of ``func``,
     checking that it matches the declaration: same dtype, same rank and static dimensions, one
@@ -43,6 +63,7 @@ def check_params(func: relax.Function, func_name: str, params) -> dict[relax.Var
     if not isinstance(params, Mapping):
         raise TypeError(f"params: expected a dict of parameter name -> array, got "
                         f"{describe(params)}")
+    params = _by_name(func, func_name, params)
     by_name = {p.name: p for p in func.params}
     checked = {}
     symbols: dict = {}

@@ -1,0 +1,140 @@
+"""Graphs that once broke a build (issue 24 and the random-graph tester,
+:mod:`topi_bn.testing.fuzz`): each is built the way it failed and checked against PyTorch in
+float64."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import topi_bn
+from topi_bn.testing import assert_close
+from topi_bn.testing.models import randomize_bn
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+nn = torch.nn
+F = torch.nn.functional
+
+# AVX2 code runs on every x86 machine of the project
+TARGET = topi_bn.resolve_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+
+
+def _run(ex, x):
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    while not isinstance(out, tvm.runtime.Tensor):
+        out = out[0]
+    return out.numpy()
+
+
+def _reference(model, x):
+    with torch.no_grad():
+        return model.double()(torch.from_numpy(x).double()).numpy()
+
+
+def _exported(model, x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return topi_bn.from_exported_program(torch.export.export(model, (torch.from_numpy(x),)))
+
+
+def _onnx(model, x, **export):
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.from_numpy(x),), f, dynamo=False, opset_version=17,
+                          **export)
+    return onnx.load_from_string(f.getvalue())
+
+
+class ConvFeedsBnAndAdd(nn.Module):
+    """``c = conv1(x); y = bn1(c) + c``, then conv -> BN -> ReLU: the conv's output is read by
+    its batch-norm and by the residual add (crashed every CPU fused/folded build in the blocked
+    layout pass, issue 24)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        c = self.conv1(x)
+        return torch.relu(self.bn2(self.conv2(self.bn1(c) + c)))
+
+
+@pytest.mark.parametrize("importer", ["torch.export", "onnx"])
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+def test_conv_output_read_by_its_batch_norm_and_a_residual_add(importer, bn):
+    torch.manual_seed(0)
+    model = randomize_bn(ConvFeedsBnAndAdd(), 0).eval()
+    x = np.random.default_rng(0).standard_normal((1, 8, 10, 10)).astype("float32")
+    mod = _exported(model, x) if importer == "torch.export" else \
+        topi_bn.from_onnx(_onnx(model, x))
+    ex = topi_bn.build(mod, TARGET, bn=bn, tuning_logs=None)
+    assert_close(_run(ex, x), _reference(model, x), "float32", f"{importer} bn={bn}", scale=10)
+
+
+class MobileNetTail(nn.Module):
+    """conv -> BN -> ReLU6 -> depthwise conv -> BN -> ReLU6 -> conv -> BN, ReLU6 as
+    ``F.relu6`` (exported as Clip with Cast bounds, which become initializers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False)
+        self.b2 = nn.BatchNorm2d(16)
+        self.c3, self.b3 = nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        x = F.relu6(self.b1(self.c1(x)))
+        return self.b3(self.c3(F.relu6(self.b2(self.c2(x)))))
+
+
+def _kept_params(model, x):
+    """ONNX with every initializer (the ReLU6 bounds among them) kept as a parameter of
+    ``main``: (module without the params attribute, TVM's ``{"main": [values]}``, the same by
+    name as NumPy arrays)."""
+    mod = topi_bn.from_onnx(_onnx(model, x, do_constant_folding=False),
+                            keep_params_in_input=True)
+    mod, params = relax.frontend.detach_params(mod)
+    func = mod["main"]
+    weights = list(func.params)[int(func.attrs["num_input"]):]
+    by_name = {p.name: v.numpy() for p, v in zip(weights, params["main"])}
+    assert any(a.ndim == 0 for a in by_name.values())  # the scalar Clip bounds
+    return mod, params, by_name
+
+
+@pytest.mark.parametrize("fold_first", [False, True], ids=["build", "fold_batch_norm+build"])
+@pytest.mark.parametrize("bn", ["unpacked", "fused", "folded", "opaque"])
+def test_onnx_with_kept_params_bound_at_build(bn, fold_first):
+    """Scalar parameters (0-d NumPy arrays) bound by ``params=`` stay scalars (they became
+    1-element vectors and crashed TVM's FuseTIR, issue 24)."""
+    torch.manual_seed(1)
+    model = randomize_bn(MobileNetTail(), 1).eval()
+    x = np.random.default_rng(1).standard_normal((1, 8, 9, 9)).astype("float32")
+    mod, _, params = _kept_params(model, x)
+    if fold_first:
+        mod, params, _ = topi_bn.fold_batch_norm(mod, params=params)
+    ex = topi_bn.build(mod, TARGET, bn=bn, params=params, tuning_logs=None)
+    assert_close(_run(ex, x), _reference(model, x), "float32", f"bn={bn}", scale=10)
+
+
+def test_detach_params_form_is_accepted():
+    """``params`` as ``relax.frontend.detach_params`` gives them: ``{"main": [values]}`` for
+    the parameters after the function's inputs; a list of the wrong length is refused."""
+    torch.manual_seed(2)
+    model = randomize_bn(MobileNetTail(), 2).eval()
+    x = np.random.default_rng(2).standard_normal((1, 8, 6, 6)).astype("float32")
+    mod, params, by_name = _kept_params(model, x)
+    ex = topi_bn.build(mod, TARGET, bn="fused", params=params, tuning_logs=None)
+    assert_close(_run(ex, x), _reference(model, x), "float32", "detach_params form", scale=10)
+    folded, new_params, _ = topi_bn.fold_batch_norm(mod, params=params)
+    assert sorted(new_params) == sorted(
+        p.name for p in folded["main"].params[1:])
+    with pytest.raises(ValueError, match=r"^params\['main'\]: a list of values binds the "
+                                         r"parameters after the function's inputs .* got 2 "
+                                         r"values$"):
+        topi_bn.build(mod, TARGET, params={"main": list(params["main"])[:2]})
+    assert len(by_name) == len(params["main"])
