@@ -131,11 +131,16 @@ def stats_blocks(blocks: dict, prefix: str) -> dict:
 def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
     """``reverse_compute_inline`` the untagged elementwise consumers fused after ``block`` (a
     ReLU that FuseOps put after a layer_norm), repeatedly, where TVM allows it; the others are
-    left to the generic path."""
+    left to the generic path.
+
+    Only a sole consumer is inlined: TVM 0.27 lets ``reverse_compute_inline`` take one of two
+    readers and then leaves the other reading a buffer that no longer exists (``c = conv(x);
+    y = (x + c) + c`` fused into one kernel gave ill-formed TIR)."""
     changed = True
     while changed:
         changed = False
-        for consumer in sch.get_consumers(block):
+        consumers = sch.get_consumers(block)
+        for consumer in consumers if len(consumers) == 1 else ():
             if block_rule(sch, consumer) is not None:
                 continue
             try:

@@ -327,8 +327,11 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
         pad = blocks["pad"]
         if depthwise:
             sch.compute_at(pad, task, preserve_unit_loops=True)
-            pl = sch.get_loops(pad)
-            sch.vectorize(pl[-1])
+            lanes = sch.get_loops(pad)[-1]
+            # a depth multiplier that does not divide the block reads an input channel range
+            # whose length depends on the task: not vectorizable
+            if isinstance(sch.get(lanes).extent, tvm.tirx.IntImm):
+                sch.vectorize(lanes)
         else:
             pn, pc, py, px, pci = sch.get_loops(pad)
             sch.parallel(sch.fuse(pn, pc, py))

@@ -138,3 +138,37 @@ def test_detach_params_form_is_accepted():
                                          r"values$"):
         topi_bn.build(mod, TARGET, params={"main": list(params["main"])[:2]})
     assert len(by_name) == len(params["main"])
+
+
+# -- graphs the random-graph tester found (shrunk), replayed by its runner -----------------------
+from topi_bn.testing.fuzz import Config, Graph, Node, run_case  # noqa: E402
+
+
+def _conv(src, out, k, stride=1, groups=1, bias=False):
+    return Node("conv", (src,), (("out", out), ("k", k), ("stride", stride),
+                                 ("padding", (k // 2, k // 2)), ("dilation", 1),
+                                 ("groups", groups), ("bias", bias)))
+
+
+FOUND = {
+    # c = conv(x); y = (x + c) + c: the conv's two readers fused into its kernel, the schedule
+    # inlined one and left the other reading a buffer that no longer existed (ill-formed TIR)
+    "conv_read_by_two_adds": (
+        Graph(shape=(1, 24, 2, 2), seed=5, outputs=(3,), nodes=(
+            _conv(0, 24, 3), Node("add", (0, 1)), Node("add", (1, 2)))),
+        [Config("torch.export", "fused"), Config("onnx", "folded")]),
+    # a depthwise conv with a depth multiplier of 3 in blocks of 8: a task's input channels
+    # are a range whose length depends on the task, and the schedule vectorized that loop
+    "depth_multiplier_3": (
+        Graph(shape=(1, 8, 6, 5), seed=200057, outputs=(1,), nodes=(
+            Node("conv", (0,), (("out", 24), ("k", 3), ("stride", 2), ("padding", (1, 1)),
+                                ("dilation", 1), ("groups", 8), ("bias", True))),)),
+        [Config("torch.export", "fused"), Config("onnx", "folded")]),
+}
+
+
+@pytest.mark.parametrize("name,config", [(n, c) for n, (_, cs) in FOUND.items() for c in cs],
+                         ids=lambda v: str(v).replace(" ", ","))
+def test_graphs_the_fuzzer_found(name, config):
+    outcome = run_case(FOUND[name][0], config, TARGET)
+    assert outcome.status == "pass", f"{name} ({config}): {outcome.detail}"
