@@ -1,4 +1,4 @@
-"""Tests for topi_bn.fold: batch-norm folding and the fold record."""
+"""Tests for topi_bn.relax.fold: batch-norm folding and the fold record."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from tvm.relax import op
 
 from topi_bn.examples import high_bias_absorption as hba_example
 from topi_bn.examples.high_bias_absorption import high_bias_absorption
-from topi_bn.fold import (
+from topi_bn.relax.fold import (
     SKIP_REASONS,
     FoldBatchNorm,
     FoldedLayer,

@@ -6,7 +6,7 @@
 - targets: :mod:`topi_bn.targets`
 - production build with tuning logs: :func:`topi_bn.build`; tuning: :func:`topi_bn.tune`
   (``topi-bn tune``)
-- batch-norm folding with a fold record: :mod:`topi_bn.fold`
+- batch-norm folding with a fold record: :mod:`topi_bn.relax.fold`
 - Relax registration (on import), conv+BN+activation fusion, bn modes, frontends:
   :mod:`topi_bn.relax`
 """
@@ -29,7 +29,7 @@ if not _tvm_base._RUNTIME_ONLY:
         batch_norm_infer, batch_norm_train, conv2d_bn_act_nchwc, conv2d_bn_relu,
         conv2d_shift_act, conv2d_shift_act_nchwc, layer_norm,
     )
-    from .fold import (
+    from .relax.fold import (
         SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
         fold_batch_norm,
     )

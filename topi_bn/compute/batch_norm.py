@@ -29,6 +29,7 @@ import tvm
 from tvm import te
 
 from .statistics import two_pass_stats
+from ..bn_math import running_update
 from ..checks import (
     cast as _cast,
     RUNNING_STATS_CONVENTIONS, accum_dtype, check_batch_norm, check_choice, check_momentum, eps_const,
@@ -112,14 +113,9 @@ def batch_norm_train(data: te.Tensor, gamma: te.Tensor | None, beta: te.Tensor |
     y = te.compute(data.shape, norm, name="bn_norm", attrs=attrs)
     mean = stats.mean
 
-    m = tvm.tirx.const(momentum, acc)
-    keep = tvm.tirx.const(1.0 - momentum, acc)
-    if convention == "pytorch":
-        old_w, new_w = keep, m
-        unbias = n / (n - tvm.tirx.const(1, acc))
-    else:
-        old_w, new_w = m, keep
-        unbias = tvm.tirx.const(1, acc)
+    update = running_update(convention, momentum)
+    old_w, new_w = tvm.tirx.const(update.keep, acc), tvm.tirx.const(update.take, acc)
+    unbias = n / (n - tvm.tirx.const(1, acc)) if update.unbiased else tvm.tirx.const(1, acc)
 
     def out(x, name):
         return te.compute((channels,), lambda c: _cast(x(c), pdtype), name=name, attrs=attrs)

@@ -26,6 +26,7 @@ import tvm
 from tvm import te
 
 from .activation import activation
+from ..bn_math import bn_scale, bn_shift
 from ..checks import (
     cast as _cast,
     ACTIVATIONS, ConvGeometry, accum_dtype, check_channel_vector, check_choice, check_eps, eps_const,
@@ -141,21 +142,14 @@ def bn_epilogue_params(gamma, beta, mean, var, bias, eps: float, geo: ConvGeomet
     acc = accum_dtype(dtype)
 
     def f32(t, k):
-        return _cast(t[k], acc)
+        return None if t is None else _cast(t[k], acc)
 
-    scale = te.compute(
-        (geo.out_channels,),
-        lambda k: (f32(gamma, k) if gamma is not None else tvm.tirx.const(1, acc))
-        / te.sqrt(f32(var, k) + eps_const(eps, acc)),
+    scale = te.compute((geo.out_channels,), lambda k: bn_scale(
+        f32(gamma, k), f32(var, k), eps_const(eps, acc), te.sqrt, tvm.tirx.const(1, acc)),
         name="bn_scale", attrs={"schedule_rule": rule})
-
-    def shift_fn(k):
-        centered = (f32(bias, k) - f32(mean, k)) if bias is not None else -f32(mean, k)
-        shift = centered * scale[k]
-        return shift + f32(beta, k) if beta is not None else shift
-
-    shift = te.compute((geo.out_channels,), shift_fn, name="bn_shift",
-                       attrs={"schedule_rule": rule})
+    shift = te.compute((geo.out_channels,), lambda k: bn_shift(
+        f32(beta, k), f32(mean, k), scale[k], f32(bias, k)),
+        name="bn_shift", attrs={"schedule_rule": rule})
     return scale, shift
 
 

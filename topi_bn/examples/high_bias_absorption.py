@@ -25,7 +25,7 @@ activations, which helps their quantization. The rule used here: a channel moves
 (the values the BN applied).
 
 Run ``python -m topi_bn.examples.high_bias_absorption``: it builds a small conv-BN-ReLU
-network, folds it with :func:`topi_bn.fold.fold_batch_norm`, checks the folded network against
+network, folds it with :func:`topi_bn.fold_batch_norm`, checks the folded network against
 the original and prints the per-channel table.
 """
 
@@ -39,7 +39,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from topi_bn.fold import FoldRecord, fold_batch_norm
+from topi_bn import FoldRecord, fold_batch_norm
 
 
 @dataclass
@@ -68,7 +68,7 @@ def high_bias_absorption(record: FoldRecord, n_std: float = 3.0) -> list[LayerAb
     Parameters
     ----------
     record : FoldRecord
-        From :func:`topi_bn.fold.fold_batch_norm`.
+        From :func:`topi_bn.fold_batch_norm`.
     n_std : float
         How many standard deviations above zero a channel's mean must lie to be moved.
 

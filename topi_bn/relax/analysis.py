@@ -1,6 +1,6 @@
 """What the batch-norm passes read from a Relax function: real uses, aliases, constants.
 
-Conv + batch-norm fusion (:mod:`.fusion`) and folding (:mod:`topi_bn.fold`) rewrite a chain
+Conv + batch-norm fusion (:mod:`.fusion`) and folding (:mod:`.fold`) rewrite a chain
 only when its intermediate values have no other use. Both ask :class:`FunctionUses`, so they
 agree on what a use is:
 

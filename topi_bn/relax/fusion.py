@@ -12,7 +12,7 @@ into one ``call_tir`` of :func:`topi_bn.compute.conv2d_bn_relu`:
 :math:`y = \\mathrm{act}(\\mathrm{conv}(x, w) \\cdot s_k + t_k)`.
 
 :class:`FuseConvShiftAct` rewrites ``conv2d [-> add(shift)] [-> relu | relu6]`` (what
-:func:`topi_bn.fold.fold_batch_norm` leaves behind, and any conv2d not fused with a batch-norm)
+:func:`topi_bn.fold_batch_norm` leaves behind, and any conv2d not fused with a batch-norm)
 into :func:`topi_bn.compute.conv2d_shift_act`; without an add, the shift is a zero constant,
 :math:`y = \\mathrm{act}(\\mathrm{conv}(x, w) + 0)`, exactly the conv (so every conv of a
 topi-bn build runs on the scheduled topi-bn conv kernel).

@@ -8,7 +8,7 @@
                batch-norm kernels, fused with neighbours by FuseOps; the other convs
                [+ bias] [+ act] become ``conv2d_shift_act`` kernels.
 ``folded``     BNs with constant parameters are folded into the conv weights
-               (:func:`topi_bn.fold.fold_batch_norm`), then conv2d -> add(shift) -> [act]
+               (:func:`topi_bn.relax.fold.fold_batch_norm`), then conv2d -> add(shift) -> [act]
                becomes one ``conv2d_shift_act`` kernel; BNs that cannot be folded are fused
                as in ``fused``.
 ``unpacked``   TVM's own decomposition (``DecomposeOpsForInference``; for a module whose
@@ -38,9 +38,11 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from ..bn_math import running_update, scale_shift
 from ..targets import resolve_target, target_family
 from .analysis import FunctionUses, op_name, static_shape
 from .blocked import BlockedLayout
+from .fold import fold_batch_norm
 from .params import check_params
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
 from .registration import (
@@ -73,7 +75,7 @@ def bind_params(mod: tvm.IRModule, params: Mapping[str, Any] | None,
     """Bind ``params`` (parameter name -> array) as constants of ``func_name``.
 
     Each array must match its parameter's declared dtype and shape
-    (:func:`topi_bn.fold.check_params`): a weight of another shape would otherwise build a
+    (:func:`topi_bn.relax.params.check_params`): a weight of another shape would otherwise build a
     different layer, and one of another dtype would fail deep in the build.
     """
     if params is None or (isinstance(params, Mapping) and not params):
@@ -141,17 +143,18 @@ class _ConstantBatchNormCheck(relax.PyExprVisitor):
             return  # run-time parameters: the kernel behaves as PyTorch's
         acc = np.float64 if str(data.ty.dtype) == "float64" else np.float32
         g = consts[0].astype(acc) if a.scale else np.ones_like(consts[3], acc)
+        producer = self.values.get(data)
+        fused = isinstance(producer, relax.Call) and getattr(producer.op, "name", "") in (
+            "relax.nn.conv2d", "relax.add")
+        bias = _bias(producer, g.shape) if fused else None
+        mean = consts[2] if consts[2] is not None else np.zeros_like(g)  # s alone needs no mean
         with np.errstate(all="ignore"):
-            s = g / np.sqrt(consts[3].astype(acc) + acc(a.epsilon))
+            s, t = scale_shift(g, consts[1].astype(acc) if a.center and consts[1] is not None
+                               else None, mean.astype(acc), consts[3].astype(acc),
+                               acc(a.epsilon), np.sqrt,
+                               None if bias is None else bias.astype(acc))
+        if not (fused and consts[2] is not None and (not a.center or consts[1] is not None)):
             t = None
-            producer = self.values.get(data)
-            fused = isinstance(producer, relax.Call) and getattr(producer.op, "name", "") in (
-                "relax.nn.conv2d", "relax.add")
-            bias = _bias(producer, s.shape) if fused else None
-            if fused and consts[2] is not None and (not a.center or consts[1] is not None):
-                t = ((bias.astype(acc) if bias is not None else acc(0)) - consts[2].astype(acc)) * s
-                if a.center:
-                    t = t + consts[1].astype(acc)
         for what, v in (("gamma / sqrt(var + eps)", s),
                         ("beta + (bias - mean) * gamma / sqrt(var + eps)", t)):
             if v is None or np.all(np.isfinite(v)):
@@ -237,11 +240,8 @@ class _RunningStats(relax.PyExprMutator):
         dev = emit(relax.op.subtract(xf, mean_k))
         var = emit(relax.op.mean(relax.op.multiply(dev, dev), axis=axes))
         mean = emit(relax.op.squeeze(mean_k, axis=axes))
-        m = float(a.momentum)
-        if self.convention == "onnx":
-            keep, take, unbias = m, 1.0 - m, 1.0
-        else:
-            keep, take, unbias = 1.0 - m, m, n / (n - 1)
+        keep, take, unbiased = running_update(self.convention, float(a.momentum))
+        unbias = n / (n - 1) if unbiased else 1.0
 
         def update(running, batch, factor):
             r = running if str(running.ty.dtype) == acc else relax.op.astype(running, acc)
@@ -345,8 +345,6 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
             outcomes = fuse.report
             mod = FuseConvShiftAct()(mod)  # the convs without a batch-norm
         elif bn == "folded":
-            from topi_bn.fold import fold_batch_norm
-
             mod, new_params, record = fold_batch_norm(mod)
             mod = bind_params(mod, new_params)
             check_constant_batch_norms(mod)  # those left unfolded

@@ -2,7 +2,7 @@
 
 :func:`topi_bn.relax.apply_bn_mode` (``return_report=True``) returns a
 :class:`BatchNormReport`: one :class:`BatchNormOutcome` per ``batch_norm`` of the module, written by the passes themselves (:class:`~topi_bn.relax.FuseConvBatchNorm`,
-:func:`topi_bn.fold.fold_batch_norm`), so counts do not depend on how the kernels are later
+:func:`topi_bn.fold_batch_norm`), so counts do not depend on how the kernels are later
 named or laid out.
 """
 from __future__ import annotations

@@ -63,12 +63,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .relax.analysis import FunctionUses, channel_values, is_channel_shape, op_name, \
+from ..bn_math import scale_shift
+from ..checks import as_array, check_eps
+from .analysis import FunctionUses, channel_values, is_channel_shape, op_name, \
     prune_dead_bindings, static_shape
-from .relax.params import check_params
-from .relax.report import SKIP_REASONS as _SKIP_REASONS
-
-from .checks import as_array, check_eps
+from .params import check_params
+from .report import SKIP_REASONS as _SKIP_REASONS
 
 __all__ = ["SKIP_REASONS", "FoldBatchNorm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
            "bn_scale_shift", "check_params", "fold_batch_norm"]
@@ -219,14 +219,11 @@ def bn_scale_shift(gamma, beta, mean, var, eps, center=True, scale=True):
 
 
 def _scale_shift(gamma, beta, mean, var, eps, center, scale):
-    var = np.asarray(var, np.float64)
-    s = 1.0 / np.sqrt(var + eps)
-    if scale:
-        s = s * np.asarray(gamma, np.float64)
-    t = -np.asarray(mean, np.float64) * s
-    if center:
-        t = t + np.asarray(beta, np.float64)
-    return s, t
+    def f64(a):
+        return np.asarray(a, np.float64)
+
+    return scale_shift(f64(gamma) if scale else None, f64(beta) if center else None, f64(mean),
+                       f64(var), eps, np.sqrt)
 
 
 def _weight_scale(s, weight_shape, out_axis, in_axis=None, groups=1):
