@@ -22,13 +22,14 @@ from typing import Any, Mapping, Sequence
 
 import tvm
 
+from .relax import modes
+from .relax.modes import BN_MODES
+from .relax.params import check_params
 from .targets import resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
 __all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
            "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
-
-BN_MODES = ("fused", "folded", "unpacked", "opaque")
 
 logger = logging.getLogger("topi_bn")
 
@@ -133,10 +134,12 @@ def _signature(func) -> str:
     return ", ".join(f"{a.dtype}{[int(s) for s in a.shape]}" for a in ArgInfo.from_prim_func(func))
 
 
-def _check_bn(bn) -> str:
-    if not isinstance(bn, str) or bn not in BN_MODES:
-        raise ValueError(f"bn: expected one of {BN_MODES}, got {bn!r}")
-    return bn
+def _check_options(target, bn, layout, winograd) -> None:
+    """The options both entry points take, checked before anything is read or built."""
+    modes.check_bn(bn)
+    modes.check_layout(layout, target, bn)
+    if not isinstance(winograd, bool):
+        raise TypeError(f"winograd: expected True or False, got {winograd!r}")
 
 
 def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
@@ -180,18 +183,15 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         module, the executable for ``relax.VirtualMachine``.
     """
     target = resolve_target(target)
-    _check_bn(bn)
-    _check_layout(layout, target, bn)
-    _check_winograd(winograd)
+    _check_options(target, bn, layout, winograd)
     func = _entry(mod_or_primfunc, params)  # argument errors come before any log is read
-    if isinstance(func, tvm.tirx.PrimFunc) and layout != "auto":
-        raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
-                         f"PrimFunc is built as written (got layout={layout!r})")
-    loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
-    db = _reporting_database(loaded.database, target)
     if isinstance(func, tvm.tirx.PrimFunc):
-        return _build_prim_func(func, target, db)
-    return _build_relax(mod_or_primfunc, target, params, bn, db, layout, winograd)
+        if layout != "auto":
+            raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
+                             f"PrimFunc is built as written (got layout={layout!r})")
+        loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
+        return _build_prim_func(func, target, _reporting_database(loaded.database, target))
+    return _build_relax(mod_or_primfunc, target, params, bn, tuning_logs, layout, winograd)[0]
 
 
 def _entry(mod_or_primfunc, params):
@@ -202,8 +202,6 @@ def _entry(mod_or_primfunc, params):
         if any(isinstance(f, tvm.relax.Function) for f in funcs.values()):
             main = funcs.get("main")
             if params is not None:
-                from .relax.params import check_params
-
                 if not isinstance(main, tvm.relax.Function):
                     raise ValueError(f"params: they bind parameters of the Relax function "
                                      f"'main', which the module lacks (functions: "
@@ -257,16 +255,16 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     -------
     (relax.VMExecutable, BuildReport)
     """
-    from .relax import modes
-
     target = resolve_target(target)
-    _check_bn(bn)
-    modes.check_layout(layout, target, bn)
-    _check_winograd(winograd)
+    _check_options(target, bn, layout, winograd)
     if not isinstance(mod, tvm.IRModule) or not any(
             isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
         raise TypeError(f"mod: expected a tvm.IRModule with a Relax function, got "
                         f"{type(mod).__name__}")
+    return _build_relax(mod, target, params, bn, tuning_logs, layout, winograd)
+
+
+def _build_relax(mod, target, params, bn, tuning_logs, layout, winograd):
     log_dirs = resolve_tuning_logs(tuning_logs, target)
     db = _reporting_database(load_logs(log_dirs, target).database, target)
     mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True)
@@ -299,74 +297,5 @@ def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
 
 def _build_prim_func(func, target, db):
     mod, _ = _schedule_prim_func(func, target, db)
-    modes = _relax_modes()
-    if modes is not None:  # int32 indices, as in Relax builds (NarrowKernelIndices)
-        mod = modes.NarrowKernelIndices()(mod)
-    return tvm.compile(mod, target=target)
-
-
-# -- Relax ---------------------------------------------------------------------------------------
-def _relax_modes():
-    """``topi_bn.relax.modes`` (the graph side: bn modes, registration, lowering), or None
-    while it is not part of this installation."""
-    try:
-        from .relax import modes
-    except ImportError:
-        return None
-    return modes
-
-
-def _check_layout(layout, target, bn):
-    modes = _relax_modes()
-    if modes is not None:
-        return modes.check_layout(layout, target, bn)
-    if layout not in ("auto", "keep"):
-        raise ValueError(f"layout: {layout!r} needs topi_bn.relax, which this installation lacks")
-    return layout
-
-
-def _check_winograd(winograd) -> None:
-    if not isinstance(winograd, bool):
-        raise TypeError(f"winograd: expected True or False, got {winograd!r}")
-
-
-def _build_relax(mod, target, params, bn, db, layout="auto", winograd=True):
-    modes = _relax_modes()
-    if modes is not None:
-        mod = modes.apply_bn_mode(mod, bn, params, target)
-        return modes.lower(mod, target, database=db, layout=layout, winograd=winograd)
-    # Seam: without topi_bn.relax, TVM's own legalization and the same pass order as lower().
-    if bn != "fused":
-        raise ValueError(f"bn: {bn!r} needs topi_bn.relax, which this installation lacks")
-    if params:
-        from tvm import relax
-
-        from .relax.params import check_params
-
-        checked = check_params(mod["main"], "main", params)
-        mod = relax.transform.BindParams("main", {
-            var.name: tvm.runtime.tensor(array) for var, array in checked.items()})(mod)
-    return tvm.compile(mod, target=target, relax_pipeline=_fallback_pipeline(target, db))
-
-
-def _fallback_pipeline(target, db):
-    from tvm import relax
-    from tvm.relax.backend.cpu_generic import pipeline as cpu
-
-    from .schedules.common import apply_default_schedules
-    from .tuning import fuse_passes
-
-    if target.kind.name != "llvm":
-        raise ValueError("target: building Relax modules for GPUs needs topi_bn.relax")
-
-    @tvm.transform.module_pass(opt_level=0, name="topi_bn.build.fallback_pipeline")
-    def _pipeline(mod, _ctx):
-        with target, db:
-            mod = tvm.transform.Sequential(list(cpu.library_dispatch_passes(target))
-                                           + fuse_passes())(mod)
-            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-            mod = apply_default_schedules(mod, target)
-            return tvm.transform.Sequential(list(cpu.dataflow_lower_passes(target))
-                                            + list(cpu.finalize_passes(target)))(mod)
-
-    return _pipeline
+    # int32 indices, as in Relax builds (NarrowKernelIndices)
+    return tvm.compile(modes.NarrowKernelIndices()(mod), target=target)

@@ -64,7 +64,7 @@ LAYOUTS = ("auto", "blocked", "keep")
 _BLOCKED_MODES = ("fused", "folded")
 
 
-def _check_bn(bn) -> str:
+def check_bn(bn) -> str:
     if not isinstance(bn, str) or bn not in BN_MODES:
         raise ValueError(f"bn: expected one of {BN_MODES}, got {bn!r}")
     return bn
@@ -329,7 +329,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
-    bn = _check_bn(bn)
+    bn = check_bn(bn)
     if not isinstance(return_report, bool):
         raise TypeError(f"return_report: expected a bool, got {type(return_report).__name__}")
     if target is not None:
