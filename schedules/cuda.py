@@ -9,7 +9,8 @@ One function per op, each handed the op's anchor block (see :mod:`topi_bn.schedu
 - ``depthwise_conv2d_bn_relu``: one output per thread (nine multiply-adds per output leave it
   memory-bound), padding and the epilogue fused in.
 - ``batch_norm_train``: two passes (sum, then squared deviations from the mean), each a
-  block-level reduction (warp shuffles and shared memory, ``LowerCrossThreadReduction``).
+  block-level reduction (warp shuffles and shared memory, ``LowerCrossThreadReduction``; a mean
+  that the kernel reads itself is added up by every thread from per-thread partial sums).
   When a channel holds many elements the pass is split over several blocks per channel
   (``rfactor``) and a combine stage adds the partial sums and computes the per-channel outputs
   (mean, variance, scale, running statistics). Channel-last data puts channels on
@@ -492,10 +493,17 @@ def _schedule_bn_infer(sch, norm, target: Target, tunable: bool) -> None:
 # in memory order: chunks (j, g) of b values, groups g of G chunks, K groups. Consecutive groups
 # g are consecutive in memory, so threads run along g (or along the channels of channels-last
 # data): coalesced loads. A thread computes its chunks' two passes in registers (no other thread
-# reads them); the group and total levels are cross-thread reductions whose results are
-# written once, by the thread TVM's lowering guards, into shared (or global) memory that the
-# other threads read after the barrier TVM inserts. Nothing that several threads read is written
-# by more than one thread (checked by topi_bn.testing.cuda_races).
+# reads them); the group and total levels are reductions across threads. A result that other
+# threads read is never written by one thread for the others at a location that depends on a
+# thread index: TVM's ThreadSync takes a read at the same index as the write for the writer's own
+# and puts no barrier between them, although TVM's lowering guards the write (`threadIdx.x == 0`)
+# and the other lanes read it. Such a result stays in registers instead: a warp-level reduction
+# broadcasts it to every lane (__shfl_sync), and a reduction over threadIdx.y puts each thread's
+# partial result in shared memory for every thread to add up (_partials). A result at one
+# thread-independent location (one row or channel per block) is written by one thread and read
+# after the __syncthreads() ThreadSync does put there. Nothing that several threads read is
+# written by more than one thread, and no write is read before a barrier (checked by
+# topi_bn.testing.cuda_races).
 def _stat_extents(sch, st: dict) -> tuple[int, int, int]:
     """(G, K, b) of the statistics: the chunk block's last three iters are j, g (or, channels
     last, j, g, c) and the chunk's values."""
@@ -539,6 +547,28 @@ def _reduce_to(sch, block, scope: str, readers: list):
     same kernel) read; returns the block that copies the cache to the original buffer for the
     other consumers."""
     return sch.cache_write(block, 0, scope, consumer_blocks=readers)
+
+
+def _partials(sch, block, ty: int) -> tuple:
+    """Split the reduction of ``block`` (its last loop, at the root) over ``ty`` threads without a
+    cross-thread reduction: ``rfactor`` makes a block that sums each thread's part in a register
+    (its first loop goes to ``threadIdx.y``) and a copy of it to shared memory, and ``block`` then
+    adds the ``ty`` partials up on every thread, into its (register) output. The partials are read
+    at other indices than they are written, so ThreadSync puts a __syncthreads() between.
+    Returns the partial-sum block and its copy."""
+    _split_rows(sch, sch.get_loops(block)[-1], ty)
+    rf = sch.rfactor(sch.get_loops(block)[-2], 0)
+    sch.set_scope(rf, 0, "local")
+    copy = sch.cache_read(block, 0, "shared")
+    r, *spatial = sch.get_loops(copy)  # the rfactor buffer has the partials' axis first
+    sch.reorder(*spatial, r)
+    return rf, copy
+
+
+def _x_part(sch, loops):
+    """The loop of ``loops`` (a block's spatial loops under the block index) that goes to
+    ``threadIdx.x``: the one longer than 1 (units are the rest)."""
+    return next((lp for lp in loops if _extent(sch, lp) > 1), loops[-1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -612,35 +642,45 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     _chunk_passes(sch, st, j_s)
     for k in ("mean", "lo", "sq"):
         sch.set_scope(st["chunk", k], 0, "local")
-    # the group mean is read in this kernel (shared copy) and by the totals (global)
-    gm_global = _reduce_to(sch, st["group", "mean"], "shared",
-                           [st["group", "lo"], st["group", "sq"]])
-    for blk in (st["group", "mean"], gm_global, st["group", "lo"], st["group", "sq"]):
+    # the group mean is read in this kernel (every thread adds the threadIdx.y partials up into a
+    # register) and by the totals (a copy to global memory)
+    gm = st["group", "mean"]
+    gm_global = _reduce_to(sch, gm, "local", [st["group", "lo"], st["group", "sq"]])
+    for blk in _partials(sch, gm, ty):
+        sch.reverse_compute_at(blk, j_y, preserve_unit_loops=True)  # after the thread's chunks
+    for blk in (gm, gm_global, st["group", "lo"], st["group", "sq"]):
         sch.reverse_compute_at(blk, bx, preserve_unit_loops=True)
-    for blk in (st["group", "mean"], st["group", "lo"], st["group", "sq"]):
+    r, *sp = list(sch.get_loops(gm))[1:]  # rfactor puts the partials' axis first
+    x_part = _x_part(sch, sp)
+    sch.reorder(x_part, r)
+    sch.bind(x_part, "threadIdx.x")
+    for blk in (st["group", "lo"], st["group", "sq"]):
         # loops under bx: the block's spatial iters (units and the tx-long part), then j
         *sp, jr = list(sch.get_loops(blk))[1:]
-        x_part = next((lp for lp in sp if _extent(sch, lp) > 1), sp[-1])
+        x_part = _x_part(sch, sp)
         r_y, r_s = _split_rows(sch, jr, ty)
         sch.reorder(x_part, r_y, r_s)
         _bind(sch, [(x_part, "threadIdx.x"), (r_y, "threadIdx.y")])
-    sp = list(sch.get_loops(gm_global))[1:]
-    x_part = next((lp for lp in sp if _extent(sch, lp) > 1), sp[-1])
-    sch.bind(x_part, "threadIdx.x")
+    sch.bind(_x_part(sch, list(sch.get_loops(gm_global))[1:]), "threadIdx.x")
     _guard(sch, gm_global, [("threadIdx.y", ty)])
 
-    # kernel 2: the totals per channel (the mean read in the kernel from a shared copy)
+    # kernel 2: the totals per channel (the mean read in the kernel, then copied out)
     tm, tl, tq = st["total", "mean"], st["total", "lo"], st["total", "sq"]
-    mean_global = _reduce_to(sch, tm, "shared", [tl, tq])
-    c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm, mean_global, tl, tq)])
     if channel_last:  # channels on threadIdx.x (coalesced), groups over threadIdx.y
+        mean_global = _reduce_to(sch, tm, "local", [tl, tq])
+        tm_rf, tm_copy = _partials(sch, tm, ty)
+        c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm_rf, tm_copy, tm, mean_global, tl, tq)])
         c_b, c_x = sch.split(c, [None, tx])
         _bind(sch, [(c_b, "blockIdx.x"), (c_x, "threadIdx.x")])
-        red_tag, red_threads = "threadIdx.y", ty
-    else:  # a block per channel, groups over threadIdx.x
+        for blk in (tm_rf, tm_copy):
+            sch.bind(sch.get_loops(blk)[2], "threadIdx.y")
+        red_tag, red_threads, reduced = "threadIdx.y", ty, (tl, tq)
+    else:  # a block per channel, groups over threadIdx.x: the mean at one location per block
+        mean_global = _reduce_to(sch, tm, "shared", [tl, tq])
+        c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm, mean_global, tl, tq)])
         sch.bind(c, "blockIdx.x")
-        red_tag, red_threads = "threadIdx.x", kn.total_threads
-    for blk in (tm, tl, tq):
+        red_tag, red_threads, reduced = "threadIdx.x", kn.total_threads, (tm, tl, tq)
+    for blk in reduced:
         _, r_t = sch.split(sch.get_loops(blk)[-1], [None, red_threads])
         sch.bind(r_t, red_tag)
     _guard(sch, mean_global, [(red_tag, red_threads)])
@@ -679,10 +719,11 @@ class LayerNormKnobs:
 
     ``tx`` threads along the groups ``K`` take ``vec`` consecutive groups each (one vector load
     per chunk row: coalesced across the warp); ``ty`` threads split the chunk rows ``G``;
-    ``rows`` rows share a block (``threadIdx.z``, only with ``ty == 1``). A thread keeps its
-    ``vec * G / ty`` chunks of ``b`` values in registers, so the two passes of each chunk and
-    the normalization read global memory once; the group statistics reduce over ``threadIdx.y``
-    and the totals over all ``tx * ty`` threads of the row.
+    ``rows`` rows share a block (``threadIdx.z``, only with ``ty == 1`` and rows in one warp:
+    :func:`_warp_rows`). A thread keeps its ``vec * G / ty`` chunks of ``b`` values in
+    registers, so the two passes of each chunk and the normalization read global memory once;
+    the group statistics reduce over ``threadIdx.y`` and the totals over all ``tx * ty`` threads
+    of the row.
     """
 
     tx: int
@@ -705,8 +746,18 @@ class LayerNormKnobs:
         tx = _divisor_at_most(groups // vec, max(1, min(budget, limits.max_threads) // ty))
         while (groups // vec // tx * vec) % ty and ty > 1:  # the totals split K by ty * tx
             ty //= 2
-        per_block = _divisor_at_most(rows, max(1, budget // (tx * ty))) if ty == 1 else 1
+        shared = ty == 1 and _warp_rows(tx, ty, limits)
+        per_block = _divisor_at_most(rows, max(1, budget // (tx * ty))) if shared else 1
         return cls(tx=tx, ty=ty, vec=vec, rows=per_block)
+
+
+def _warp_rows(tx: int, ty: int, limits: GpuLimits) -> bool:
+    """Whether the ``tx * ty`` threads of a layer_norm row are a part of one warp (a divisor of its
+    size): TVM then reduces the row with warp shuffles and broadcasts the totals to the registers
+    of every lane. The totals of a longer row go through shared memory: written by one thread,
+    read by the others after a barrier, which ThreadSync puts there only when the location is
+    the same for every thread (one row per block, not an index of ``threadIdx.z``)."""
+    return limits.warp % (tx * ty) == 0
 
 
 def _split_groups(sch, loop, tx, vec):
@@ -729,8 +780,10 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
         rows *= int(iv.dom.extent)
     kn = LayerNormKnobs.default(rows, K, G, B, limits)
     tx, ty, vec = kn.tx, kn.ty, kn.vec
-    rz = _pick(sch, tunable, [d for d in (1, 2, 4, 8) if rows % d == 0 and ty == 1
-                              and d * tx <= limits.max_threads] or [1], kn.rows)
+    in_warp = _warp_rows(tx, ty, limits)
+    rz = _pick(sch, tunable, [d for d in (1, 2, 4, 8) if rows % d == 0 and
+                              d * tx <= limits.max_threads] if ty == 1 and in_warp else [1],
+               kn.rows)
 
     # one loop over rows carries the normalization and the per-row outputs
     outs = [norm] + [b[n] for n in ("ln_mean_out", "ln_rstd_out") if n in b]
@@ -739,7 +792,9 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     r_b, r_z = sch.split(row, [None, rz])
     _bind(sch, [(r_b, "blockIdx.x"), (r_z, "threadIdx.z")])
     sch.compute_inline(b["ln_rstd"])  # 1 / sqrt(var + eps), in registers where it is used
-    for level, scope in (("total", "shared"), ("group", "shared"), ("chunk", "local")):
+    # the totals: in every lane's registers (warp broadcast), or at one location per block
+    totals = "local" if in_warp else "shared"
+    for level, scope in (("total", totals), ("group", "shared"), ("chunk", "local")):
         for kind in ("sq", "lo", "mean"):
             sch.compute_at(st[level, kind], r_z, preserve_unit_loops=True)
             sch.set_scope(st[level, kind], 0, scope)
@@ -762,7 +817,7 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
         j_y, j_s = _split_rows(sch, jj, ty)
         sch.reorder(g_x, g_s, g_v, j_y, j_s)
         _bind(sch, [(g_x, "threadIdx.x"), (j_y, "threadIdx.y")])
-    # totals: reduced over all threads of the row, written by thread (0, 0)
+    # totals: reduced over all threads of the row (a block-wide row: written by thread (0, 0))
     for kind in ("mean", "lo", "sq"):
         (g,) = under(st["total", kind])[-1:]
         g_s, g_y, g_x = sch.split(g, [None, ty, tx])

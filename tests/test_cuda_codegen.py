@@ -223,7 +223,8 @@ def test_layer_norm_is_one_kernel_per_row(built):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_no_race_in_any_cuda_kernel(dtype):
     """The static race check (topi_bn.testing.cuda_races) passes on every kernel the project
-    emits: every registry workload (the gpu group included), conv kernels included."""
+    emits: every registry workload (the gpu group included), conv kernels included; no result
+    written by one thread is read by others before a barrier, also within one warp (issue 28)."""
     target = resolve_target("cuda-sm90")
     found = []
     for w in W.list_workloads() + W.list_workloads("smoke") + W.list_workloads("gpu"):
@@ -320,6 +321,127 @@ def test_race_check_flags_the_main_schedules_before_the_fix():
     sch.bind(sch.get_loops(sch.get_sblock("s"))[-1], "threadIdx.x")
     races = cuda_races.find_races(sch.mod, resolve_target("cuda-sm90"))
     assert any(r.kind == "uniform store" for r in races), races
+
+
+# Issue 28: main's kernels as they reached the code generator, lowered (excerpts; the loop body
+# shortened). The CUDA of the first one:
+#     if (((int)threadIdx.x) == 0) {
+#       ln_group_mean_shared_ptr[((int)threadIdx.z)] = red_buf0_ptr_2[0];
+#     }
+#     for (int i1_1 = 0; i1_1 < 8; ++i1_1) {
+#       ... ln_group_mean_shared_ptr[((int)threadIdx.z)] ...
+@T.prim_func(s_tir=True)
+def _racy_layer_norm_row_total(data_ptr: T.handle("float32", "global"),
+                               ln_norm_ptr: T.handle("float32", "global")):
+    """smoke.layer_norm_16x64 (float32, sm_90): lane threadIdx.x == 0 of each row (8 lanes, 4 rows a
+    warp) writes the row's last total into ln_group_mean_shared (a buffer the storage planner
+    reuses) and every lane of the row reads it in the next loop, with no barrier between."""
+    data = T.decl_buffer((1024,), data=data_ptr)
+    ln_norm = T.decl_buffer((1024,), data=ln_norm_ptr)
+    with T.launch_thread("blockIdx.x", 1) as blockIdx_x:
+        ln_group_mean_shared = T.alloc_shared((128,))
+        in_thread_ln_lo_shared = T.alloc_local((1,))
+        red_buf0_2 = T.alloc_local((1,))
+        with T.launch_thread("threadIdx.y", 1) as threadIdx_y:
+            threadIdx_x = T.launch_thread("threadIdx.x", 8)
+            threadIdx_z = T.launch_thread("threadIdx.z", 16)
+            ln_group_mean_shared_2 = ln_group_mean_shared.view(16)
+            cse_v1: T.let[T.int32] = threadIdx_z * 64
+            with T.attr(T.comm_reducer(lambda x0, y0: x0 + y0, [T.float32(0.0)]), "reduce_scope", 0):
+                t0 = T.alloc_local((1,))
+                mask = T.alloc_local((1,), "uint32")
+                red_buf0_2[0] = in_thread_ln_lo_shared[0]
+                mask[0] = T.tvm_warp_activemask()
+                t0[0] = T.tvm_warp_shuffle_down(mask[0], red_buf0_2[0], 4, 32, 32)
+                red_buf0_2[0] = red_buf0_2[0] + t0[0]
+                t0[0] = T.tvm_warp_shuffle_down(mask[0], red_buf0_2[0], 2, 32, 32)
+                red_buf0_2[0] = red_buf0_2[0] + t0[0]
+                t0[0] = T.tvm_warp_shuffle_down(mask[0], red_buf0_2[0], 1, 32, 32)
+                red_buf0_2[0] = red_buf0_2[0] + t0[0]
+                red_buf0_2[0] = T.tvm_warp_shuffle(mask[0], red_buf0_2[0], 8 * threadIdx_z, 32, 32)
+            T.tvm_storage_sync("shared")
+            if threadIdx_x == 0:
+                ln_group_mean_shared_2[threadIdx_z] = red_buf0_2[0]
+            for i1_1 in range(8):
+                cse_v2: T.let[T.int32] = i1_1 * 8
+                cse_v6: T.let[T.int32] = cse_v1 + cse_v2 + threadIdx_x
+                ln_norm[cse_v6] = data[cse_v6] * T.float32(0.5) - ln_group_mean_shared_2[threadIdx_z]
+
+
+@T.prim_func(s_tir=True)
+def _racy_bn_group_mean(bn_group_mean_ptr: T.handle("float32", "global")):
+    """bn_train.nchw_8x256x28x28 (float32, sm_90), after TVM's tree reduction over threadIdx.y:
+    threadIdx.y == 0 writes each group's mean for the other threadIdx.y (other warps) to read; its
+    own copy to global memory (under threadIdx.y < 1) is no race."""
+    bn_group_mean = T.decl_buffer((14336,), data=bn_group_mean_ptr)
+    with T.launch_thread("blockIdx.x", 512) as blockIdx_x:
+        bn_chunk_mean_local = T.alloc_local((1,))
+        bn_chunk_lo_local = T.alloc_local((1,))
+        red_buf0 = T.alloc_shared((196,), annotations={"tirx.volatile": True})
+        bn_group_mean_shared = T.alloc_shared((28,))
+        in_thread_bn_group_lo = T.alloc_local((1,))
+        with T.launch_thread("threadIdx.y", 7) as threadIdx_y:
+            threadIdx_x = T.launch_thread("threadIdx.x", 28)
+            T.tvm_storage_sync("shared")
+            if threadIdx_y == 0:
+                bn_group_mean_shared[threadIdx_x] = red_buf0[threadIdx_x * 7]
+            cse_v5: T.let[T.int32] = blockIdx_x * 28 + threadIdx_x
+            if threadIdx_y < 1:
+                bn_group_mean[cse_v5] = bn_group_mean_shared[threadIdx_x]
+            in_thread_bn_group_lo[0] = T.float32(0.0)
+            in_thread_bn_group_lo[0] = in_thread_bn_group_lo[0] + (
+                bn_chunk_mean_local[0] * T.float32(0.5) - bn_group_mean_shared[threadIdx_x]
+                * T.float32(0.5) + bn_chunk_lo_local[0]) * T.float32(0.1428571492433548)
+
+
+def test_race_check_flags_a_guarded_write_read_by_the_rest_of_its_row():
+    """Issue 28: a write under ``threadIdx.x == 0`` (or ``threadIdx.y == 0``) to a location that
+    misses that index, read by the other threads of the row with no barrier between: flagged
+    within one warp (lanes are not ordered without __syncwarp() since Volta) and across warps."""
+    races = cuda_races.kernel_races(_racy_layer_norm_row_total)
+    assert [(r.buffer, r.kind) for r in races] == [("ln_group_mean_shared",
+                                                    "read before barrier")], races
+    assert "__syncwarp() or __syncthreads()" in races[0].detail
+    races = cuda_races.kernel_races(_racy_bn_group_mean)
+    assert [(r.buffer, r.kind) for r in races] == [("bn_group_mean_shared",
+                                                    "read before barrier")], races
+    assert "__syncwarp()" not in races[0].detail
+
+
+def _row_total(lanes: int, barrier):
+    """Lane 0 of each row of ``lanes`` threads (``threadIdx.x``) writes the row's total, then
+    ``barrier``, then every lane of the row reads it."""
+    @T.prim_func(s_tir=True)
+    def kernel(x_ptr: T.handle("float32", "global"), y_ptr: T.handle("float32", "global")):
+        x = T.decl_buffer((lanes * 4,), data=x_ptr)
+        y = T.decl_buffer((lanes * 4,), data=y_ptr)
+        with T.launch_thread("blockIdx.x", 1) as bx:
+            total = T.alloc_shared((4,))
+            with T.launch_thread("threadIdx.y", 4) as ty:
+                with T.launch_thread("threadIdx.x", lanes) as tx:
+                    if tx == 0:
+                        total[ty] = x[ty * lanes]
+                    T.evaluate(barrier)
+                    y[ty * lanes + tx] = x[ty * lanes + tx] - total[ty]
+    return kernel
+
+
+_BARRIERS = {  # what each emits in CUDA: nothing, nothing, __syncwarp(), __syncthreads()
+    "none": tvm.tirx.const(0, "int32"),
+    "storage_sync warp": tvm.tirx.call_intrin("int32", "tirx.tvm_storage_sync", "warp"),
+    "warp_sync": tvm.tirx.call_intrin("void", "tirx.cuda.warp_sync"),
+    "storage_sync shared": tvm.tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"),
+}
+
+
+@pytest.mark.parametrize("lanes,barrier,flagged", [
+    (8, "none", True), (8, "storage_sync warp", True), (8, "warp_sync", False),
+    (8, "storage_sync shared", False), (64, "warp_sync", True), (64, "storage_sync shared", False)])
+def test_race_check_wants_a_barrier_that_orders_the_row(lanes, barrier, flagged):
+    """__syncwarp() orders a row within one warp (8 lanes), not one across warps (64 threads);
+    TVM's tvm_storage_sync("warp") emits no CUDA at all."""
+    races = cuda_races.kernel_races(_row_total(lanes, _BARRIERS[barrier]))
+    assert bool(races) == flagged, races
 
 
 @needs_nvcc

@@ -10,12 +10,17 @@ reductions lowered to shuffles and shared memory, barriers inserted) and reports
   executed by every thread, or ``bn_mean[c]`` written by every ``threadIdx.y``). A thread index is
   *pinned* inside an ``if`` whose condition fixes it to one value (``threadIdx.x == 0``); a store
   with every unpinned index in its location is race-free.
-- **read before barrier**: a read of a shared or global location written under such a guard (one
-  location, thread-independent) before a ``__syncthreads()`` separates them, outside the guard
-  (thread 0 writes ``bn_mean[c]`` and all threads read it at once).
+- **read before barrier**: a read of a shared or global location that one thread wrote for others
+  (a location that does not depend on every thread index, written under such a guard) before a
+  barrier separates them, outside the guard: thread 0 writes ``bn_mean[c]`` and all threads read
+  it at once, or lane ``threadIdx.x == 0`` of each row writes ``ln_mean[threadIdx.z]`` and the
+  other lanes of the row read it. The barrier is ``__syncthreads()``, or ``__syncwarp()`` where the
+  writer and its readers lie in one warp. Lanes of one warp are not ordered without a barrier
+  since Volta (independent thread scheduling); TVM's ``tvm_storage_sync("warp")`` emits no CUDA
+  at all and is not one.
 
-It does not reason about races between thread blocks, about two different thread-dependent
-locations that happen to coincide, or about warp-synchronous code without barriers.
+It does not reason about races between thread blocks, or about two different thread-dependent
+locations that happen to coincide.
 
 Use :func:`find_races` on a scheduled module (the check lowers it for the target), or
 :func:`kernel_races` on one already-lowered device kernel.
@@ -29,6 +34,7 @@ from tvm import tirx
 __all__ = ["Race", "find_races", "kernel_races", "lowered_kernels"]
 
 _SCOPES = ("shared", "shared.dyn", "global")
+_WARP = 32  # threads per warp on every CUDA GPU
 
 
 @dataclass(frozen=True)
@@ -85,19 +91,23 @@ def kernel_races(func: tirx.PrimFunc, name: str = "kernel") -> list[Race]:
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class _Pending:
-    """A guarded store to one thread-independent location, not yet followed by a barrier."""
+    """A store that other threads may read (its location misses a thread index), not yet followed
+    by a barrier; ``one_warp``: the writer and those readers lie in one warp."""
 
     pinned: frozenset
     text: str
+    one_warp: bool
 
 
 @dataclass
 class _Walker:
     kernel: str
     threads: dict = field(default_factory=dict)     # thread var -> extent
+    tags: dict = field(default_factory=dict)        # thread var -> "threadIdx.x" / "y" / "z"
     lets: dict = field(default_factory=dict)        # var -> bound value
     conditions: list = field(default_factory=list)  # enclosing if-conditions (with polarity)
-    pending: dict = field(default_factory=dict)     # buffer name -> _Pending
+    owners: dict = field(default_factory=dict)      # buffer view -> buffer whose memory it is
+    pending: dict = field(default_factory=dict)     # owner buffer -> _Pending
     races: list = field(default_factory=list)
 
     # -- thread analysis -------------------------------------------------------------------
@@ -170,6 +180,23 @@ class _Walker:
     def _free_threads(self, pinned) -> set:
         return {v for v, ext in self.threads.items() if ext > 1 and v not in pinned}
 
+    def _owner(self, buf):
+        """The buffer whose memory ``buf`` is (the storage planner declares views of a buffer it
+        reuses: ``ln_group_mean_shared_2 = ln_group_mean_shared.view(16)``)."""
+        return self.owners.get(buf, buf)
+
+    def _one_warp(self, shared_by) -> bool:
+        """Whether threads that differ only in the thread vars ``shared_by`` lie in one warp: the
+        thread dimensions up to the outermost of them (``threadIdx.x`` innermost in the linear
+        thread id) span a divisor of the warp size."""
+        span, left = 1, set(shared_by)
+        for v in sorted(self.threads, key=lambda v: self.tags[v]):  # threadIdx.x, .y, .z
+            if not left:
+                break
+            span *= self.threads[v]
+            left.discard(v)
+        return _WARP % span == 0
+
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e) -> None:
         if e is None or not isinstance(e, tvm.ir.expr.Expr):
@@ -194,14 +221,15 @@ class _Walker:
 
     def _load(self, load) -> None:
         buf = load.source
-        if buf.scope() not in _SCOPES or buf.name not in self.pending:
+        if buf.scope() not in _SCOPES or self._owner(buf) not in self.pending:
             return
-        pend = self.pending[buf.name]
+        pend = self.pending[self._owner(buf)]
         if pend.pinned <= self._pinned() and pend.pinned:
             return  # read by the thread(s) that wrote it
-        self.races.append(Race(self.kernel, buf.name, "read before barrier",
+        barrier = "__syncwarp() or __syncthreads()" if pend.one_warp else "__syncthreads()"
+        self.races.append(Race(self.kernel, self._owner(buf).name, "read before barrier",
                                f"{_text(load)} reads what {pend.text!r} wrote, with no "
-                               f"__syncthreads() in between"))
+                               f"{barrier} in between"))
 
     # -- statements ------------------------------------------------------------------------
     def stmt(self, s) -> None:
@@ -214,6 +242,7 @@ class _Walker:
             self.expr(s.value)
             if s.attr_key == "thread_extent" and str(s.node.thread_tag).startswith("threadIdx"):
                 self.threads[s.node.var] = int(s.value)
+                self.tags[s.node.var] = str(s.node.thread_tag)
             self.stmt(s.body)
         elif isinstance(s, tirx.For):
             self.expr(s.min)
@@ -237,14 +266,22 @@ class _Walker:
         elif isinstance(s, tirx.Bind):
             self.expr(s.value)
             self.lets[s.var] = s.value
+        elif isinstance(s, tirx.DeclBuffer):
+            data = s.data  # ``buffer_data(owner)`` for a view of another buffer
+            if isinstance(data, tvm.ir.Call) and isinstance(data.op, tvm.ir.Op) and \
+                    data.op.name == "tirx.buffer_data":
+                self.owners[s.buffer] = self._owner(data.args[0])
         elif isinstance(s, tirx.BufferStore):
             self.expr(s.value)
             for i in s.indices:
                 self.expr(i)
             self._store(s)
         elif isinstance(s, tirx.Evaluate):
-            if _is_barrier(s.value):
+            barrier = _barrier(s.value)
+            if barrier == "block":
                 self.pending.clear()
+            elif barrier == "warp":
+                self.pending = {k: p for k, p in self.pending.items() if not p.one_warp}
             else:
                 self.expr(s.value)
         else:
@@ -266,11 +303,12 @@ class _Walker:
         missing = self._free_threads(pinned) - deps
         if missing:
             names = ", ".join(sorted(str(v.name) for v in missing))
-            self.races.append(Race(self.kernel, buf.name, "uniform store",
+            self.races.append(Race(self.kernel, self._owner(buf).name, "uniform store",
                                    f"{text!r} runs on every {names} (extent > 1) and writes "
                                    f"the same location"))
-        if not deps & set(self.threads):
-            self.pending[buf.name] = _Pending(pinned, text)
+        shared_by = {v for v, ext in self.threads.items() if ext > 1} - deps
+        if shared_by:  # threads that differ only in these read the same location
+            self.pending[self._owner(buf)] = _Pending(pinned, text, self._one_warp(shared_by))
 
 
 def _conjuncts(cond) -> list:
@@ -279,9 +317,14 @@ def _conjuncts(cond) -> list:
     return [cond]
 
 
-def _is_barrier(e) -> bool:
-    return isinstance(e, tvm.ir.Call) and e.op.same_as(tvm.ir.Op.get("tirx.tvm_storage_sync")) \
-        and str(e.args[0].value) in ("shared", "global")
+def _barrier(e) -> str | None:
+    """``"block"`` for a call that becomes ``__syncthreads()``, ``"warp"`` for ``__syncwarp()``."""
+    if not isinstance(e, tvm.ir.Call) or not isinstance(e.op, tvm.ir.Op):
+        return None
+    name = e.op.name
+    if name == "tirx.tvm_storage_sync":
+        return "block" if str(e.args[0].value) in ("shared", "shared.dyn", "global") else None
+    return {"tirx.cuda.cta_sync": "block", "tirx.cuda.warp_sync": "warp"}.get(name)
 
 
 def _text(node) -> str:
