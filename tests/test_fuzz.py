@@ -59,7 +59,7 @@ def test_the_graphs_cover_the_layers_and_configs():
             seen.add("several outputs")
         if len(fuzz._live(graph)) < len(graph.nodes):
             seen.add("unused values")
-    assert ops >= {"conv", "conv_transpose", "bn", "bn1d", "relu", "relu6", "add", "concat",
+    assert ops >= {"conv", "conv_transpose", "bn", "bn1d", "relu", "relu6", "sigmoid", "add", "concat",
                    "maxpool", "avgpool", "gap", "flatten", "linear", "pad"}
     assert seen >= {"k1", "k3", "k5", "k7", "stride1", "stride2", "dilation", "bias", "shared",
                     "depthwise", "groups", "padding per axis", "bn train", "bn eval",

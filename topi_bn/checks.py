@@ -120,7 +120,7 @@ def as_array(name: str, x: Any, optional: bool = False) -> np.ndarray | None:
         a = np.asarray(x)
     except (TypeError, ValueError, RuntimeError) as err:
         raise TypeError(f"{name}: expected an array of real numbers, got {describe(x)} "
-                        f"({first_line(err)})") from None
+                        f"({one_line(err)})") from None
     if a.dtype.kind not in "iuf" and str(a.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected an array of real numbers, got {describe(x)} of dtype "
                         f"{a.dtype}")
@@ -135,9 +135,16 @@ def check_dims(name: str, shape: Sequence[Any]) -> None:
                              f"sizes >= 0")
 
 
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def one_line(err: BaseException, with_type: bool = False, last: bool = False) -> str:
+    """One line of ``err``'s message, optionally after the error's type (``ValueError: ...``):
+    the first non-empty line (a message that explains itself), or with ``last`` the last one
+    (TVM's errors carry a C++ backtrace before the message: bench rows, the graph tester).
+    The one helper for every one-line error."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    text = lines[-1 if last else 0][:300] if lines else ""
+    if not text:
+        return type(err).__name__
+    return f"{type(err).__name__}: {text}" if with_type else text
 
 
 # -- dtypes ----------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from .checks import one_line
+
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 
@@ -282,23 +284,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except (ValueError, TypeError) as err:  # argument errors found while running
-        sub_parser.error(_one_line(err))
+        sub_parser.error(one_line(err))
     except KeyboardInterrupt:
         print("interrupted; records merged so far are kept", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001  (a CLI user gets one line, not a traceback)
         if os.environ.get("TOPI_BN_TRACEBACK"):
             raise
-        print(f"{sub_parser.prog}: error: {type(err).__name__}: {_one_line(err)} (set "
+        print(f"{sub_parser.prog}: error: {one_line(err, with_type=True)} (set "
               f"TOPI_BN_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 1
     return 0
-
-
-def _one_line(err: BaseException) -> str:
-    from .checks import first_line
-
-    return first_line(err)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from ..checks import check_writable_dir
 from . import gpu, ops
 from .networks import bench_networks
 from .report import machine_info, results_markdown, to_json, format_table
-from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
+from ..checks import one_line
+from .runner import BenchConfig, Result, progress, resolve_bench_target
 from .threads import reexec_with_thread_env, set_threads
 from .timing import bandwidth_ceiling, fma_ceiling
 
@@ -196,7 +197,7 @@ def _fail(err: BaseException) -> int:
     if isinstance(err, OSError) and err.filename:
         msg = f"cannot write {err.filename}: {err.strerror}"
     else:
-        msg = one_line(err)
+        msg = one_line(err, with_type=True, last=True)
     print(f"topi-bn bench: error: {msg} (TOPI_BN_DEBUG=1 shows the traceback)",
           file=sys.stderr)
     return 1

@@ -18,10 +18,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..checks import one_line
 from .timing import Timing, time_callable, time_in_turns
 
 __all__ = ["BenchConfig", "Unavailable", "Prepared", "Result", "Case", "run_cases",
-           "compute_speedups", "progress", "one_line", "geomean", "resolve_bench_target"]
+           "compute_speedups", "progress", "geomean", "resolve_bench_target"]
 
 
 @dataclass(frozen=True)
@@ -179,13 +180,6 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def one_line(err: BaseException) -> str:
-    """``<Type>: <last non-empty line of the message>`` (TVM errors carry a C++ backtrace
-    before the message)."""
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[-1][:300]}" if lines else type(err).__name__
-
-
 def run_cases(cases: Iterable[Case], cfg: BenchConfig,
               report: Callable[[str], None] = progress, in_turns: bool = False) -> list[Result]:
     """Build, check and time every case in order; returns their results with speedups
@@ -253,7 +247,7 @@ def _guard(r: Result, report: Callable[[str], None], fn: Callable[[], Any]) -> A
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001 - one failure must not end the run
-        r.timing, r.error = None, one_line(err)
+        r.timing, r.error = None, one_line(err, with_type=True, last=True)
         report(f"    FAILED: {r.error}")
     return None
 

@@ -25,7 +25,7 @@ import tvm
 from tvm import relax
 
 from .analysis import constant_value
-from ..checks import first_line, describe
+from ..checks import one_line, describe
 from .registration import BN_CONVENTION_ATTR
 
 __all__ = ["from_onnx", "fold_onnx_constants", "from_exported_program", "OUTPUT_NAMES_ATTR"]
@@ -236,10 +236,10 @@ def _load(obj, name: str, expected: str, cls, read):
     try:
         loaded = read(path)
     except OSError as err:
-        raise OSError(f"{name}: cannot read {path} ({first_line(err)})") from err
+        raise OSError(f"{name}: cannot read {path} ({one_line(err)})") from err
     except Exception as err:  # protobuf DecodeError, zipfile errors, ...
         raise ValueError(f"{name}: {path} is not {expected} file ({type(err).__name__}: "
-                         f"{first_line(err)})") from err
+                         f"{one_line(err)})") from err
     if not isinstance(loaded, cls):
         raise ValueError(f"{name}: {path} does not hold {expected}")
     return loaded
@@ -348,6 +348,6 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
         mod = ExportedProgramImporter().from_exported_program(source, *flags, convert)
     except Exception as err:  # unsupported operators (AssertionError), ...
         raise ValueError(f"exported_program: TVM's PyTorch importer cannot convert it "
-                         f"({type(err).__name__}: {first_line(err)})") from err
+                         f"({type(err).__name__}: {one_line(err)})") from err
     mod["main"] = mod["main"].with_attr(OUTPUT_NAMES_ATTR, names)
     return mod

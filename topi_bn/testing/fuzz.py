@@ -40,6 +40,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..checks import one_line
+
 __all__ = ["Node", "Graph", "Config", "Outcome", "RELATIVE_TOLERANCE", "random_graph",
            "random_config", "model_of", "run_case", "shrink", "fuzz", "main"]
 
@@ -177,8 +179,12 @@ def model_of(graph: Graph):
                 return F.pad(xs[0], a["pad"])
             if op == "relu":
                 return torch.relu(xs[0])
-            if op == "relu6":
-                return F.relu6(xs[0])
+            if op == "relu6":  # three ways PyTorch models write it (three ONNX exports)
+                how = a.get("how", "relu6")
+                return F.relu6(xs[0]) if how == "relu6" else torch.clamp(xs[0], 0, 6) \
+                    if how == "clamp" else F.hardtanh(xs[0], 0.0, 6.0)
+            if op == "sigmoid":
+                return torch.sigmoid(xs[0])
             if op == "add":
                 return xs[0] + xs[1]
             if op == "concat":
@@ -190,8 +196,9 @@ def model_of(graph: Graph):
                 return F.avg_pool2d(xs[0], a["k"], a["stride"], a["padding"],
                                     ceil_mode=a["ceil"], count_include_pad=a["include_pad"])
             if op == "gap":
-                return F.adaptive_avg_pool2d(xs[0], 1) if a["how"] == "adaptive" \
-                    else torch.mean(xs[0], dim=(2, 3), keepdim=True)
+                if a["how"] == "adaptive":
+                    return F.adaptive_avg_pool2d(xs[0], 1)
+                return torch.mean(xs[0], dim=(2, 3), keepdim=a["how"] == "mean")
             if op == "flatten":
                 return torch.flatten(xs[0], 1)
             raise ValueError(f"op: unknown fuzz op {op!r}")
@@ -233,7 +240,7 @@ def _shape_of(node: Node, ins: list) -> tuple[int, ...]:
     if op == "conv_transpose":
         k, st, p, op_ = a["k"], a["stride"], a["padding"], a["output_padding"]
         return (s[0], a["out"]) + tuple((s[2 + i] - 1) * st - 2 * p + k + op_ for i in range(2))
-    if op in ("bn", "bn1d", "relu", "relu6", "add"):
+    if op in ("bn", "bn1d", "relu", "relu6", "sigmoid", "add"):
         return s
     if op == "pad":
         left, right, top, bottom = a["pad"]
@@ -250,7 +257,7 @@ def _shape_of(node: Node, ins: list) -> tuple[int, ...]:
             out.append(o)
         return (s[0], s[1], out[0], out[1])
     if op == "gap":
-        return (s[0], s[1], 1, 1)
+        return (s[0], s[1]) if node.get("how") == "mean2d" else (s[0], s[1], 1, 1)
     if op == "flatten":
         return (s[0], int(np.prod(s[1:])))
     if op == "linear":
@@ -303,6 +310,13 @@ def _conv_transpose_node(rng, src: int, s) -> Node | None:
              ("output_padding", output_padding), ("groups", groups),
              ("bias", bool(rng.random() < 0.5)))
     return Node("conv_transpose", (src,), attrs)
+
+
+def _act_node(rng, src: int) -> Node:
+    op = _pick(rng, ("relu", "relu", "relu6", "relu6", "sigmoid"))
+    if op == "relu6":
+        return Node(op, (src,), (("how", _pick(rng, ("relu6", "clamp", "hardtanh"))),))
+    return Node(op, (src,))
 
 
 def _bn_node(rng, src: int, op: str = "bn", train_ok: bool = True) -> Node:
@@ -370,7 +384,7 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
                 if rng.random() < 0.75:
                     i = add(_bn_node(rng, i, train_ok=train_ok(shapes[i])), "bn")
                 if rng.random() < 0.7:
-                    add(Node(_pick(rng, ("relu", "relu", "relu6")), (i,)), "act")
+                    add(_act_node(rng, i), "act")
             elif r < 0.46:
                 i = add(_conv_transpose_node(rng, src, s), "conv")
                 if rng.random() < 0.6:
@@ -378,7 +392,7 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
             elif r < 0.50:
                 add(_bn_node(rng, src, train_ok=train_ok(s)), "bn")
             elif r < 0.54:
-                add(Node(_pick(rng, ("relu", "relu6")), (src,)), "act")
+                add(_act_node(rng, src), "act")
             elif r < 0.68:  # residual add of two values of one shape
                 same = [j for j in feature_maps() if shapes[j] == s and j != src]
                 if not same:
@@ -394,7 +408,7 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
                 other = _pick(rng, same)
                 i = add(Node("add", (src, other) if rng.random() < 0.5 else (other, src)), "add")
                 if rng.random() < 0.5:
-                    add(Node(_pick(rng, ("relu", "relu6")), (i,)), "act")
+                    add(_act_node(rng, i), "act")
             elif r < 0.75:  # concat along channels
                 same = [j for j in feature_maps() if shapes[j][2:] == s[2:]
                         and shapes[j][0] == s[0]]
@@ -419,9 +433,15 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
                     add(Node("conv", (i,), (("out", s[1]), ("k", 1), ("stride", 1),
                                             ("padding", (0, 0)), ("dilation", 1),
                                             ("groups", 1), ("bias", True))), "conv")
-            else:  # the head: global pool, flatten, linear [-> BatchNorm1d] [-> act]
-                i = add(Node("gap", (src,), (("how", "adaptive"),)), "pool")
-                i = add(Node("flatten", (i,)), "flatten")
+            else:  # the head: global pool (or not), flatten, linear [-> BatchNorm1d] [-> act]
+                how = _pick(rng, ("adaptive", "mean2d", "none"))
+                if how == "none" and int(np.prod(s[1:])) > 512:
+                    how = "adaptive"
+                i = src
+                if how != "none":
+                    i = add(Node("gap", (src,), (("how", how),)), "pool")
+                if how != "mean2d":
+                    i = add(Node("flatten", (i,)), "flatten")
                 i = add(Node("linear", (i,), (("out", _pick(rng, (5, 10, 16))),
                                                ("bias", bool(rng.random() < 0.7)))), "linear")
                 if rng.random() < 0.6:
@@ -521,7 +541,7 @@ def run_case(graph: Graph, config: Config, target=None, dtype: str = "float32") 
             mod, params = _import(copy.deepcopy(model), x, config.importer)
     except Exception as err:  # noqa: BLE001 -- PyTorch's exporters: not what is tested
         if not any("/topi_bn/" in f.filename for f in traceback.extract_tb(err.__traceback__)):
-            return Outcome("skip", f"export: {type(err).__name__}: {_first_line(err)}",
+            return Outcome("skip", f"export: {one_line(err, with_type=True, last=True)}",
                            time.perf_counter() - start)
         return _failure(err, start)
     try:
@@ -559,17 +579,11 @@ def _relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(out[fin] - ref[fin]), initial=0.0)) / scale
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return (lines[-1] if type(err).__name__ == "InternalError" and lines else
-            (lines[0] if lines else "")).strip()[:300]
-
-
 def _failure(err: BaseException, start: float) -> Outcome:
     seconds = time.perf_counter() - start
     if _is_refusal(err):
         return Outcome("refused", f"{type(err).__name__}: {err}", seconds)
-    return Outcome("crash", f"{type(err).__name__}: {_first_line(err)}", seconds)
+    return Outcome("crash", one_line(err, with_type=True, last=True), seconds)
 
 
 # -- shrinking -----------------------------------------------------------------------------------
