@@ -1,15 +1,20 @@
-"""Benchmarks of topi-bn against TVM's own lowering, PyTorch and ONNX Runtime
+"""Benchmarks of topi-bn against TVM's own lowering, PyTorch, ONNX Runtime and OpenVINO
 (``topi-bn bench``, ``python -m topi_bn.bench``, and the pytest-benchmark suites in
 ``benchmarks/``).
 
 Modules, each importing only those above it (no import circle):
 
 ================  ===========================================================================
-``threads``       thread count, passive waiting and no thread pinning for TVM, PyTorch and ORT
+``threads``       thread count, waiting and pinning: passive and unpinned in one process (the
+                  shared policy), each runtime's defaults in a worker process (isolated)
 ``timing``        :class:`Timing`, :func:`time_callable`, the CPU copy-bandwidth and FMA ceilings
+``isolation``     the worker processes of the isolated policy (one per runtime), their
+                  protocol, and the wait for a worker to go quiet before the next one runs
 ``runner``        :class:`BenchConfig`, :class:`Case` -> :class:`Result`: the one
-                  build / check / time / rate loop (:func:`run_cases`) and the speedups
-``peers``         PyTorch and ONNX Runtime helpers; a missing peer is ``n/a: <reason>``
+                  build / check / time / rate loop (:func:`run_cases`), in this process or in
+                  the runtimes' worker processes, and the speedups
+``peers``         PyTorch, ONNX Runtime and OpenVINO helpers; a missing peer is
+                  ``n/a: <reason>``
 ``families``      each op in Relax (TVM's own ops), PyTorch and ONNX
 ``ops``           op-level implementations (:data:`IMPLEMENTATIONS`) on registry workloads
 ``networks``      whole networks through both import paths, per ``bn`` mode, kernel counts
@@ -18,17 +23,37 @@ Modules, each importing only those above it (no import circle):
 ``report``        machine info, pytest-benchmark JSON, Markdown tables, ``results.md``
 ``plots``         ``speedups.png`` (per workload) and ``summary.png`` (at a glance)
 ``cli``           the ``topi-bn bench`` options, their one-line errors, and the run
+``worker``        the worker process's main (started by ``isolation``, never imported by the
+                  modules above)
 ================  ===========================================================================
 
 Ops, networks and the GPU benchmark all turn their work into :class:`Case` objects and run
 them through :func:`run_cases`; the report reads the :class:`Result` list whatever produced it.
-The ops time a workload's implementations in turns (``run_cases(in_turns=True)``); the
-networks time the builds they compare in turns through their own timers.
 
-Threads: TVM pins its workers and the calling thread to single cores, and ``import tvm``
-imports PyTorch, whose threads would then share one core (20-100x slower). The benchmark sets
-``TVM_BIND_THREADS=0`` and passive waiting before TVM's pool starts and re-executes the
-command line when PyTorch's OpenMP was loaded first (:mod:`topi_bn.bench.threads`).
+Thread policy (``BenchConfig.threads_policy``, ``--threads-policy``):
+
+- ``isolated`` (the default): every runtime is timed the way a user runs it alone, with its
+  defaults: TVM (topi-bn's builds and TVM's own lowering), PyTorch, ONNX Runtime and OpenVINO
+  each in a worker process of its own (:mod:`topi_bn.bench.isolation`; a case names its
+  runtime, :attr:`Case.runtime`, and how the worker makes it, :attr:`Case.remote`), started
+  without the thread variables the benchmark sets for itself, so TVM pins and spins, OpenMP
+  and ONNX Runtime spin, OpenVINO pins, as each does by default (the thread count is the run's
+  for all). The cases of a layer or a network are timed in turns: round by round the benchmark
+  process tells one worker at a time to run a round (each of its implementations for at least
+  the round's milliseconds) and report its times, and starts the next worker's round once the
+  last one's threads have gone quiet. A worker that dies fails its rows and is restarted.
+- ``shared``: everything in this process (what the ``benchmarks/`` suites do too). TVM pins its
+  workers and the calling thread to single cores, and ``import tvm`` imports PyTorch, whose
+  threads would then share one core (20-100x slower): the benchmark sets
+  ``TVM_BIND_THREADS=0`` and passive waiting before TVM's pool starts and re-executes the
+  command line when PyTorch's OpenMP was loaded first (:mod:`topi_bn.bench.threads`). The ops
+  time a workload's implementations in turns (``run_cases(in_turns=True)``); the networks time
+  the builds they compare in turns through their own timers. Robust on a machine shared with
+  other jobs, but runtimes sharing a process slow each other (topi-bn's MobileNetV2 5.0-5.6 ms
+  passive, 3.5-3.9 ms spinning alone, on a 2-core Zen 5).
+
+``results.md`` and the printed summary start with a line saying how the figures were taken;
+every result's ``extra["timed_in"]`` says where it was timed.
 
 Adding an implementation
 ------------------------
@@ -40,6 +65,7 @@ with the conversion a lone layer would pay reported separately (in full:
 
     class TopiBnBlocked(OpImpl):
         name, kind, ops = "topi-bn blocked", "topi-bn", ("conv2d_bn_relu",)
+        runtime = "tvm"   # timed in the TVM worker process (isolated policy)
 
         def prepare(self, wl, ctx):
             # build the NCHWc kernel for ctx.target; pack ctx.arrays once, here, untimed
@@ -54,7 +80,9 @@ with the conversion a lone layer would pay reported separately (in full:
 ``side_costs`` are timed after the main call and shown in the per-layer table as a column
 ``topi-bn blocked: layout conversion ms`` beside ``topi-bn blocked ms`` (and in the JSON under
 ``extra_info.side_costs_s``). ``ops`` limits the rows to the ops it implements; a prepare that
-cannot run here raises :class:`Unavailable` (an ``n/a`` cell). Whole-network and GPU
+cannot run here raises :class:`Unavailable` (an ``n/a`` cell). ``runtime`` sends it to that
+runtime's worker process (it must pickle: an instance of a module-level class does); without
+one it is timed in the benchmark process. Whole-network and GPU
 implementations are the same pattern (:class:`~topi_bn.bench.networks.NetworkImpl`,
 :class:`~topi_bn.bench.gpu.GpuImpl`); a GPU implementation also sets ``Prepared.timer`` to
 time on the device.
@@ -74,14 +102,15 @@ from .report import (
     results_markdown, to_json,
 )
 from .runner import (
-    BenchConfig, Case, Prepared, Result, Unavailable, compute_speedups, resolve_bench_target,
-    run_cases,
+    BenchConfig, Case, ImplHost, Prepared, Result, Unavailable, compute_speedups,
+    resolve_bench_target, run_cases,
 )
-from .threads import set_threads
+from .threads import THREADS_POLICIES, set_threads
 from .timing import Timing, bandwidth_ceiling, fma_ceiling, time_callable
 
 __all__ = [
-    "BenchConfig", "Case", "Prepared", "Result", "Unavailable", "run_cases",
+    "BenchConfig", "Case", "Prepared", "Result", "Unavailable", "run_cases", "ImplHost",
+    "THREADS_POLICIES",
     "compute_speedups", "resolve_bench_target", "Timing", "time_callable",
     "bandwidth_ceiling", "fma_ceiling", "set_threads", "OpFamily", "OP_FAMILIES", "OpImpl",
     "OpContext",

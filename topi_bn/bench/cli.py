@@ -1,11 +1,13 @@
 """``topi-bn bench`` / ``python -m topi_bn.bench``: options, their checks, and the run.
 
 A CPU target (default ``x86``, this machine) runs the op-level benchmark
-(:mod:`topi_bn.bench.ops`) and, in a full run, the whole networks
-(:mod:`topi_bn.bench.networks`); ``--target cuda`` runs the GPU benchmark
-(:mod:`topi_bn.bench.gpu`) and is refused where no GPU is visible. Both write to ``--out``:
-``results.json`` (pytest-benchmark's format), ``results.md``, ``speedups.png`` (per workload)
-and ``summary.png`` (at a glance), and print the summary.
+(:mod:`topi_bn.bench.ops`) and, in a full run or with ``--networks``, the whole networks
+(:mod:`topi_bn.bench.networks`): by default each runtime in its own worker process with its
+default thread policy, the processes taking turns (``--threads-policy isolated``), or all in
+this process with passive waiting (``--threads-policy shared``). ``--target cuda`` runs the
+GPU benchmark (:mod:`topi_bn.bench.gpu`) and is refused where no GPU is visible. Both write to
+``--out``: ``results.json`` (pytest-benchmark's format), ``results.md``, ``speedups.png`` (per
+workload) and ``summary.png`` (at a glance), and print the summary.
 
 Errors are one line: a bad argument exits with code 2 before anything is built (argparse's
 convention), an error while running (an unwritable ``--out``...) with code 1, never with a
@@ -24,18 +26,17 @@ from typing import Any, Callable, Sequence
 from .. import workloads as W
 from ..checks import check_writable_dir
 from . import gpu, ops
-from .networks import bench_networks
+from .networks import bench_networks, network_names, select_networks
 from .report import machine_info, results_markdown, to_json, format_table
-from ..checks import one_line
-from .runner import BenchConfig, Result, progress, resolve_bench_target
-from .threads import reexec_with_thread_env, set_threads
+from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
+from .threads import THREADS_POLICIES, reexec_with_thread_env, set_threads
 from .timing import bandwidth_ceiling, fma_ceiling
 
 __all__ = ["add_bench_parser", "add_bench_arguments", "check_bench_args", "run_bench",
            "run_gpu_bench", "main", "is_gpu_target"]
 
-DESCRIPTION = ("Benchmark topi-bn against TVM's unpacked batch-norm, PyTorch and ONNX Runtime "
-               "on this machine's CPU, or (--target cuda) against PyTorch eager and "
+DESCRIPTION = ("Benchmark topi-bn against TVM's unpacked batch-norm, PyTorch, ONNX Runtime and "
+               "OpenVINO on this machine's CPU, or (--target cuda) against PyTorch eager and "
                "torch.compile on its GPU.")
 
 
@@ -73,12 +74,23 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "the CPU benchmark is float32")
     p.add_argument("--no-networks", action="store_true",
                    help="skip the whole networks (ResNet-18, ResNet-50, MobileNetV2)")
+    p.add_argument("--networks", action="append", default=None, metavar="NAME",
+                   help="run these whole networks (resnet18, resnet50, mobilenetv2, tiny; "
+                        "repeatable), also with --quick, --group or --workload")
+    p.add_argument("--no-layers", action="store_true",
+                   help="skip the per-layer benchmark (with --networks: the networks only)")
+    p.add_argument("--threads-policy", choices=THREADS_POLICIES, default="isolated",
+                   help="isolated (default): each runtime (TVM, PyTorch, ONNX Runtime, "
+                        "OpenVINO) in its own worker process with its default thread policy, "
+                        "the processes taking turns round by round, as a user running it alone "
+                        "sees it; shared: all in this process, idle threads waiting passively "
+                        "(for a machine shared with other jobs)")
     p.add_argument("--tuning-logs", default="shipped",
                    help="tuning logs of the topi-bn builds: 'shipped' (default) or a "
                         "MetaSchedule JSON database directory")
     p.add_argument("--spin-wait", action="store_true",
-                   help="let idle threads spin (TVM, OpenMP and ORT defaults; best on an idle "
-                        "machine); default: passive waiting, robust when cores are shared")
+                   help="with --threads-policy shared: let idle threads spin (TVM, OpenMP and "
+                        "ORT defaults); default there: passive waiting")
     p.add_argument("--no-check", action="store_true",
                    help="do not compare outputs with the float64 reference")
 
@@ -122,6 +134,22 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
             W.get(name)
         except ValueError as err:
             error(f"--workload: {err}")
+    if args.spin_wait and args.threads_policy != "shared":
+        error("--spin-wait: only with --threads-policy shared (the isolated workers keep each "
+              "runtime's default waiting, which spins)")
+    if args.networks:
+        if on_gpu:
+            error("--networks: whole networks run on the CPU (not with --target cuda)")
+        if args.no_networks:
+            error("--networks: conflicts with --no-networks")
+        known = network_names()
+        for name in args.networks:
+            if name not in known:
+                error(f"--networks: expected names from {known}, got {name!r}")
+    if args.no_layers and (args.workload or args.group):
+        error("--no-layers: conflicts with --workload / --group (which select layers)")
+    if args.no_layers and not args.networks and (args.quick or args.no_networks or on_gpu):
+        error("--no-layers: nothing would run (add --networks NAME)")
     if args.tuning_logs != "shipped" and not os.path.isdir(args.tuning_logs):
         error(f"--tuning-logs: expected 'shipped' or a MetaSchedule database folder, "
               f"got {args.tuning_logs!r} (no such folder)")
@@ -135,7 +163,8 @@ def _config(args: argparse.Namespace, smoke: bool) -> BenchConfig:
     make = BenchConfig.smoke if smoke else BenchConfig.quick if args.quick else BenchConfig
     changes: dict[str, Any] = {"target": args.target, "threads": args.threads,
                                "check": not args.no_check, "spin_wait": args.spin_wait,
-                               "tuning_logs": args.tuning_logs}
+                               "tuning_logs": args.tuning_logs,
+                               "threads_policy": getattr(args, "threads_policy", "isolated")}
     if args.rounds is not None:
         changes["rounds"] = args.rounds
     if args.impl:
@@ -197,7 +226,7 @@ def _fail(err: BaseException) -> int:
     if isinstance(err, OSError) and err.filename:
         msg = f"cannot write {err.filename}: {err.strerror}"
     else:
-        msg = one_line(err, with_type=True, last=True)
+        msg = one_line(err)
     print(f"topi-bn bench: error: {msg} (TOPI_BN_DEBUG=1 shows the traceback)",
           file=sys.stderr)
     return 1
@@ -226,9 +255,12 @@ def _run_cpu(args: argparse.Namespace) -> int:
     wls = ops.select_workloads(args.group, args.quick, args.workload)
     threads = set_threads(cfg.threads, cfg.spin_wait)
     machine = machine_info(threads, cfg.target)
-    progress(f"topi-bn bench: {len(wls)} workloads x {len(cfg.impls or ops.IMPLEMENTATIONS)} "
-             f"implementations, {threads} threads, target {cfg.target} "
-             f"({machine['llvm_mcpu']})")
+    what = ("no layers" if args.no_layers else
+             f"{len(wls)} workloads x {len(cfg.impls or ops.IMPLEMENTATIONS)} implementations")
+    if args.networks:
+        what += f", networks {', '.join(args.networks)}"
+    progress(f"topi-bn bench: {what}, {threads} threads, target {cfg.target} "
+             f"({machine['llvm_mcpu']}), threads policy {cfg.threads_policy}")
     bandwidth = None
     if cfg.bandwidth_mb:
         progress(f"measuring the copy bandwidth ({cfg.bandwidth_mb} MB) ...")
@@ -237,9 +269,11 @@ def _run_cpu(args: argparse.Namespace) -> int:
         progress("measuring the float32 FMA ceiling ...")  # what conv GFLOP/s are compared with
         bandwidth.update(fma_ceiling(resolve_bench_target(cfg.target, threads)))
         progress(f"    {bandwidth['fma_gflops']:.0f} GFLOP/s")
-    results = ops.bench_workloads(wls, cfg)
+    results = [] if args.no_layers else ops.bench_workloads(wls, cfg)
     nets: list[Result] = []
-    if not (args.quick or smoke or args.no_networks or args.workload or args.group):
+    if args.networks:
+        nets = bench_networks(cfg, networks=select_networks(args.networks))
+    elif not (args.quick or smoke or args.no_networks or args.workload or args.group):
         nets = bench_networks(cfg)
     elapsed = time.perf_counter() - t_start
     title = f"{machine['processor']} ({machine['llvm_mcpu']}), {threads} threads"

@@ -14,6 +14,10 @@ implementation                  what runs
 ``topi-bn unpacked (...)``      TVM's own decomposition and lowering: the baseline
 ``torch``                       the model in eval mode under ``no_grad``
 ``onnxruntime``                 the ONNX export below, ``ORT_ENABLE_ALL``
+``openvino f32``                the ONNX export below, OpenVINO's CPU plugin with
+                                ``INFERENCE_PRECISION_HINT=f32`` (the peer)
+``openvino default``            the same at OpenVINO's default precision (bf16 on CPUs
+                                with AVX512_BF16 or AMX): reported, not compared
 ==============================  =========================================================
 
 Import paths (:data:`IMPORT_PATHS`):
@@ -29,14 +33,23 @@ Modes: ``fused`` and ``folded`` through both paths; ``opaque`` and ``unpacked`` 
 schedule). A network can name implementations to time once (:attr:`Network.time_once`):
 unpacked ResNet-50 takes seconds per call.
 
+Timing: under the isolated thread policy (the default) each runtime runs in its own worker
+process with its default thread policy and every implementation of a network is timed in turns
+with all the others, the processes alternating round by round (:mod:`topi_bn.bench.runner`);
+a worker process makes the network's model and imports once for the builds it runs
+(:func:`prepare_in_worker`). Under the shared policy everything runs in the benchmark process
+(see the end of this docstring).
+
 Each build row shows its kernels (:func:`kernel_counts`, from the passes' own report): how
 many of the imported graph's batch-norms were fused into a ``conv2d_bn_relu`` kernel, folded
 into conv weights, or left as separate batch-norms, and how many topi-bn kernels found no tuning record. Every output is
 compared with PyTorch eager's (:func:`check_network_output`). Rates are images per second.
-The ONNX build of a mode is timed in turns with the torch.export build of the same mode, the
-folded torch.export build with the fused one, and ONNX Runtime with both
-(:func:`topi_bn.bench.timing.time_in_turns`), so their ratios are not the drift of the machine
-between two timings.
+Under the shared policy the ONNX build of a mode is timed in turns with the torch.export build of
+the same mode, the folded torch.export build with the fused one, and ONNX Runtime and OpenVINO
+f32 with both (:func:`topi_bn.bench.timing.time_in_turns`), so their ratios are not the drift of
+the machine between two timings. Either way those pairs' times are in ``extra["in_turns_ms"]``
+(:func:`pair_turns` fills them from the rows under the isolated policy, where all rows of a
+network were timed in turns).
 """
 from __future__ import annotations
 
@@ -53,8 +66,8 @@ import numpy as np
 from . import peers
 from .ops import tvm_vm
 from .runner import (
-    BenchConfig, Case, Prepared, Result, Unavailable, progress, resolve_bench_target,
-    run_cases,
+    BENCH_PROCESS, BenchConfig, Case, Prepared, Result, Unavailable, progress,
+    resolve_bench_target, run_cases,
 )
 from .threads import set_threads
 from .timing import Timing, time_in_turns
@@ -62,7 +75,8 @@ from .timing import Timing, time_in_turns
 __all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "NetworkImpl",
            "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
            "prepare_network", "kernel_counts", "check_network_output", "network_cases",
-           "bench_networks"]
+           "bench_networks", "prepare_in_worker", "pair_turns", "network_names",
+           "select_networks"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,8 @@ class NetContext:
     model: Any
     x: np.ndarray
     tuning_logs: str = "shipped"
-    spin_wait: bool = False
+    spin_wait: bool | None = False  # None: each runtime's defaults (an isolated worker)
+    isolated: bool = False  # in a worker process: the runner times rounds, no partner timers
     _cache: dict = field(default_factory=dict, repr=False)
 
     def cached(self, key: str, make: Callable[[], Any]) -> Any:
@@ -282,11 +297,18 @@ def format_counts(info: dict) -> str:
 
 # -- implementations -------------------------------------------------------------------------
 class NetworkImpl:
-    """One way to run a whole network. Subclasses set :attr:`name`, :attr:`kind` and write
-    :meth:`prepare`."""
+    """One way to run a whole network. Subclasses set :attr:`name`, :attr:`kind`,
+    :attr:`runtime` (its worker process under the isolated policy, as
+    :attr:`topi_bn.bench.ops.OpImpl.runtime`) and write :meth:`prepare`."""
 
     name: str = ""
     kind: str = "topi-bn"
+    runtime: str | None = None
+
+    def turn_partners(self) -> tuple[str, dict[str, str]] | None:
+        """``(own label, {partner label: partner implementation})``: the implementations this
+        one is compared with in turns (``extra["in_turns_ms"]``), or None."""
+        return None
 
     def prepare(self, ctx: NetContext) -> Prepared:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -302,6 +324,7 @@ class TopiBnBuild(NetworkImpl):
         variant = " NCHW" if layout == "keep" else "" if winograd else " direct"
         self.name = f"topi-bn {mode}{variant} ({path})"
         self.kind = "baseline" if mode == "unpacked" else "topi-bn"
+        self.runtime = "tvm"
 
     def prepare(self, ctx):
         from ..build import build
@@ -337,7 +360,8 @@ class TopiBnBuild(NetworkImpl):
             ctx.put(f"run:{self.mode}:{self.layout}", run)
         timer = None
         partner = self._partner()
-        if partner is not None and (other := ctx.get(partner[1])) is not None:
+        if not ctx.isolated and partner is not None and \
+                (other := ctx.get(partner[1])) is not None:
             timer = functools.partial(_time_in_turns_with, run, self._label(),
                                       {partner[0]: other}, info)
         return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
@@ -358,6 +382,19 @@ class TopiBnBuild(NetworkImpl):
             return "fused", "run:fused:auto"
         return None
 
+    def turn_partners(self):
+        partner = self._partner()
+        if partner is None:
+            return None
+        label, _ = partner
+        if not self.winograd:
+            other = TopiBnBuild(self.mode, self.path, self.layout)
+        elif self.path == "ONNX":
+            other = TopiBnBuild(self.mode, "torch.export", self.layout)
+        else:
+            other = TopiBnBuild("fused", self.path, self.layout)
+        return self._label(), {label: other.name}
+
 
 def _time_in_turns_with(run, label: str, others: dict, info: dict, rounds: int,
                         min_round_ms: float, partners: dict | None = None) -> Timing:
@@ -375,7 +412,7 @@ def _time_in_turns_with(run, label: str, others: dict, info: dict, rounds: int,
 
 
 class TorchEager(NetworkImpl):
-    name, kind = "torch", "peer"
+    name, kind, runtime = "torch", "peer", "torch"
 
     def prepare(self, ctx):
         torch = peers.require_torch()
@@ -394,24 +431,56 @@ ORT_PARTNERS = {"fused": TopiBnBuild("fused", "torch.export").name,
                 "folded": TopiBnBuild("folded", "torch.export").name}
 
 
-class OnnxRuntime(NetworkImpl):
-    """ONNX Runtime on the ONNX export, timed in turns with the run's fused and folded
+def _with_build_turns(prepared: Prepared, label: str, ctx: NetContext) -> Prepared:
+    """Under the shared policy, a peer timed in turns with the run's fused and folded
     torch.export builds (those it made): the builds a user compares it with, so that their
     ratios are not the drift of the machine between timings taken minutes apart."""
+    builds = {b: run for b in ORT_PARTNERS if (run := ctx.get(f"run:{b}:auto")) is not None}
+    if builds and not ctx.isolated:
+        prepared.timer = functools.partial(
+            _time_in_turns_with, prepared.run, label, builds, prepared.info,
+            partners={b: ORT_PARTNERS[b] for b in builds})
+    return prepared
 
-    name, kind = "onnxruntime", "peer"
+
+class OnnxRuntime(NetworkImpl):
+    """ONNX Runtime on the ONNX export, compared in turns with the fused and folded
+    torch.export builds (:func:`_with_build_turns`)."""
+
+    name, kind, runtime = "onnxruntime", "peer", "onnxruntime"
 
     def prepare(self, ctx):
         peers.require_ort()
         prepared = peers.ort_prepared(ctx.onnx_bytes(), {"x": ctx.x}, "y", ctx.threads,
                                       ctx.spin_wait)
-        builds = {label: run for label in ORT_PARTNERS
-                  if (run := ctx.get(f"run:{label}:auto")) is not None}
-        if builds:
-            prepared.timer = functools.partial(
-                _time_in_turns_with, prepared.run, "onnxruntime", builds, prepared.info,
-                partners={label: ORT_PARTNERS[label] for label in builds})
-        return prepared
+        return _with_build_turns(prepared, self.name, ctx)
+
+    def turn_partners(self):
+        return self.name, dict(ORT_PARTNERS)
+
+
+class OpenVino(NetworkImpl):
+    """OpenVINO's CPU plugin on the ONNX export: at f32 (``INFERENCE_PRECISION_HINT=f32``, the
+    peer, compared in turns with the fused and folded builds as ONNX Runtime is), or at its
+    default precision (``precision=None``; bf16 on CPUs with AVX512_BF16 or AMX, its output
+    then checked at bfloat16's tolerance; a row of its own, kind ``peer-info``)."""
+
+    runtime = "openvino"
+
+    def __init__(self, precision: str | None = "f32"):
+        self.precision = precision
+        self.name = "openvino f32" if precision == "f32" else "openvino default"
+        self.kind = "peer" if precision == "f32" else "peer-info"
+
+    def prepare(self, ctx):
+        peers.require_openvino()
+        prepared = peers.ov_prepared(ctx.onnx_bytes(), {"x": ctx.x}, ctx.threads,
+                                     self.precision,
+                                     pinning=None if ctx.spin_wait is None else False)
+        return _with_build_turns(prepared, self.name, ctx) if self.precision else prepared
+
+    def turn_partners(self):
+        return (self.name, dict(ORT_PARTNERS)) if self.precision else None
 
 
 #: The whole-network implementations, in table order.
@@ -421,7 +490,7 @@ NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
     TopiBnBuild("fused", "torch.export", winograd=False),
     TopiBnBuild("folded", "torch.export"), TopiBnBuild("folded", "ONNX"),
     TopiBnBuild("opaque", "torch.export"), TopiBnBuild("unpacked", "torch.export"),
-    TorchEager(), OnnxRuntime(),
+    TorchEager(), OnnxRuntime(), OpenVino("f32"), OpenVino(None),
 )
 
 
@@ -430,7 +499,7 @@ def network_impl_names(impls: Sequence[NetworkImpl] = NETWORK_IMPLS) -> list[str
 
 
 def _make_context(net: Network, target, threads: int, tuning_logs: str = "shipped",
-                  spin_wait: bool = False, model=None, x=None) -> NetContext:
+                  spin_wait: bool | None = False, model=None, x=None) -> NetContext:
     torch = peers.require_torch()
     if model is None:
         torch.manual_seed(0)
@@ -453,8 +522,15 @@ def prepare_network(impl: str, net: Network, target, threads: int, model=None,
     return p
 
 
-def check_network_output(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-3) -> str:
-    """``"ok"`` when ``max|out - ref| <= rtol * max|ref|``, else the relative error."""
+def check_network_output(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-3,
+                         dtype: str | None = None) -> str:
+    """``"ok"`` when ``max|out - ref| <= rtol * max|ref|``, else the relative error. ``dtype``:
+    the precision an implementation ran in when not float32 (OpenVINO's default, bf16 on some
+    CPUs): ``rtol`` is then that type's (:data:`topi_bn.testing.TOLERANCES`)."""
+    if dtype not in (None, "float32"):
+        from ..testing import TOLERANCES
+
+        rtol = max(rtol, TOLERANCES[dtype][1])
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     if out.shape != ref.shape:
         return f"shape {out.shape} != {ref.shape}"
@@ -488,13 +564,87 @@ def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads
         gflop = network_flops(ctx.model, ctx.x) / 1e9
         for impl in impls:
             once = impl.name in net.time_once
+            remote = (functools.partial(prepare_in_worker, net, impl, cfg, threads)
+                      if impl.runtime is not None else None)
             yield Case(Result(net.name, "network", impl.name, impl.kind, unit="img/s",
                               extra={"gflop": gflop}),
                        functools.partial(impl.prepare, ctx), reference=ctx.reference,
                        check=check_network_output,
                        rate=lambda s, b=net.input_shape[0]: b / s, label=label,
                        rounds=1 if once else rounds, warmup=0 if once else None,
-                       min_round_ms=0.0 if once else NETWORK_ROUND_MS)
+                       min_round_ms=0.0 if once else NETWORK_ROUND_MS,
+                       runtime=impl.runtime, remote=remote)
+
+
+#: The worker process's context of the network it is building (one at a time: the previous
+#: network's model and imports are dropped when the next one comes).
+_WORKER_CONTEXT: dict[str, NetContext] = {}
+
+
+def prepare_in_worker(net: Network, impl: NetworkImpl, cfg: BenchConfig,
+                      threads: int) -> Prepared:
+    """``impl`` built for ``net`` in a worker process of the isolated policy: the model made
+    as the benchmark process makes it (seeded, so the same weights and input), its imports
+    shared by the builds of this worker, every runtime's thread waiting at its default."""
+    ctx = _WORKER_CONTEXT.get(net.name)
+    if ctx is None:
+        _WORKER_CONTEXT.clear()
+        target = resolve_bench_target(cfg.target, threads)
+        ctx = _make_context(net, target, threads, cfg.tuning_logs, spin_wait=None)
+        ctx.isolated = True
+        _WORKER_CONTEXT[net.name] = ctx
+    return impl.prepare(ctx)
+
+
+def pair_turns(results: Sequence[Result], impls: Sequence[NetworkImpl] = NETWORK_IMPLS) -> None:
+    """Under the isolated policy every implementation of a network was timed in turns with
+    every other: give each row that has turn partners (:meth:`NetworkImpl.turn_partners`) the
+    ``extra["in_turns_ms"]`` (own label first) and ``extra["in_turns_with"]`` that the shared
+    policy's partner timers make, from the rows' medians, which the report's ratio lines
+    read."""
+    by_impl = {i.name: i for i in impls}
+    rows = {(r.workload, r.impl): r for r in results if r.timing is not None}
+    for r in results:
+        impl = by_impl.get(r.impl)
+        pairing = impl.turn_partners() if impl is not None and r.timing is not None else None
+        if pairing is None or "in_turns_ms" in r.extra or \
+                r.extra.get("timed_in") in (None, BENCH_PROCESS):
+            continue
+        label, partners = pairing
+        found = {lab: rows[(r.workload, name)] for lab, name in partners.items()
+                 if (r.workload, name) in rows
+                 and rows[(r.workload, name)].extra.get("timed_in") not in (None, BENCH_PROCESS)}
+        if not found:
+            continue
+        ms = {label: r.timing.median * 1e3,
+              **{lab: o.timing.median * 1e3 for lab, o in found.items()}}
+        r.extra["in_turns_ms"] = ms
+        if impl.kind == "peer":
+            r.extra["in_turns_with"] = [(o.impl, ms[label], ms[lab]) for lab, o in found.items()]
+
+
+def network_names() -> list[str]:
+    """The names ``--networks`` accepts: :func:`default_networks` (when they can be made
+    here) and :func:`tiny_network`."""
+    try:
+        nets = default_networks()
+    except Unavailable:
+        nets = []
+    return [n.name for n in nets] + [tiny_network().name]
+
+
+def select_networks(names: Sequence[str]) -> list[Network]:
+    """The networks named (:func:`network_names`), in the order given; ``ValueError`` naming
+    ``networks`` for another name."""
+    try:
+        known = {n.name: n for n in default_networks()}
+    except Unavailable:
+        known = {}
+    known[tiny_network().name] = tiny_network()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"networks: expected names from {list(known)}, got {unknown}")
+    return [known[n] for n in dict.fromkeys(names)]
 
 
 def _raise(err):
@@ -548,5 +698,7 @@ def bench_networks(cfg: BenchConfig, networks: Sequence[Network] | None = None,
             raise ValueError(f"impls: unknown {unknown}; expected names from "
                              f"{network_impl_names()}")
         chosen = [i for i in NETWORK_IMPLS if i.name in impls]
-    return run_cases(network_cases(networks, cfg, target, threads, chosen, rounds), cfg,
-                     report)
+    results = run_cases(network_cases(networks, cfg, target, threads, chosen, rounds), cfg,
+                        report)
+    pair_turns(results, chosen)
+    return results

@@ -19,7 +19,16 @@ implementation         what runs
 ``torch``              PyTorch eager (``torch.nn.functional``) under ``no_grad``
 ``onnxruntime``        a one-op ONNX graph (weights and BN parameters as initializers, so
                        ORT folds BN into the conv) with ``ORT_ENABLE_ALL``
+``openvino f32``       the same ONNX graph compiled by OpenVINO for its CPU plugin with
+                       ``INFERENCE_PRECISION_HINT=f32``: the OpenVINO peer of every ratio
+``openvino default``   the same with OpenVINO's default precision (bf16 on CPUs with
+                       AVX512_BF16 or AMX; the note says what it ran): reported, not
+                       compared (kind ``peer-info``)
 =====================  ==============================================================
+
+Each implementation names its runtime (:attr:`OpImpl.runtime`): under the isolated thread
+policy (the default) the TVM-built ones run in a TVM worker process, the peers each in their
+own (:mod:`topi_bn.bench.runner`), and a layer's implementations are timed in turns across them.
 
 Rates: GFLOP/s for convolutions (:attr:`Workload.flops`), GB/s for batch-norm and layer_norm
 (:meth:`Workload.bytes_moved`, compulsory traffic), the latter also as a percentage of the
@@ -53,7 +62,8 @@ from .threads import set_threads
 
 __all__ = ["QUICK_WORKLOADS", "DEFAULT_GROUPS", "OpContext", "OpImpl", "IMPLEMENTATIONS",
            "impl_names", "prepare", "check_output", "select_workloads", "op_cases",
-           "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm"]
+           "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm",
+           "prepare_in_worker"]
 
 # A few workloads of every kind, for ``--quick``: the ResNet stem, a 3x3 and a 1x1 conv, a
 # MobileNetV2 depthwise and pointwise conv, both BN layouts, a small and a large layer_norm.
@@ -76,13 +86,15 @@ DEFAULT_GROUPS = ("resnet50", "mobilenetv2", "bn_train", "layer_norm")
 @dataclass
 class OpContext:
     """What an implementation is built with: the resolved target, the thread count, the
-    workload's input arrays (registry order, float32), the tuning logs and ORT's waiting."""
+    workload's input arrays (registry order, float32), the tuning logs and the peers' thread
+    waiting (``spin_wait``: ``False`` passive and no pinning, ``True`` spinning, ``None`` each
+    runtime's defaults: a worker process of the isolated policy)."""
 
     target: Any
     threads: int
     arrays: list[np.ndarray]
     tuning_logs: str = "shipped"
-    spin_wait: bool = False
+    spin_wait: bool | None = False
 
 
 class OpImpl:
@@ -90,13 +102,18 @@ class OpImpl:
 
     Subclasses set :attr:`name` (the table's column), :attr:`kind` (``"topi-bn"``,
     ``"baseline"`` for TVM's own lowering, ``"peer"`` for another framework: speedups are
-    over baselines and peers), :attr:`ops` (the ops it serves; ``None``: all), and write
-    :meth:`prepare`.
+    over baselines and peers; ``"peer-info"``: another framework's row shown but not compared,
+    e.g. at another precision), :attr:`ops` (the ops it serves; ``None``: all),
+    :attr:`runtime` (the worker process it runs in under the isolated policy: ``"tvm"``,
+    ``"torch"``, ``"onnxruntime"``, ``"openvino"``; ``None``: the benchmark process), and write
+    :meth:`prepare`. An implementation with a runtime is sent to its worker: it must pickle
+    (an instance of a module-level class does).
     """
 
     name: str = ""
     kind: str = "topi-bn"
     ops: tuple[str, ...] | None = None
+    runtime: str | None = None
 
     def applies(self, wl: W.Workload) -> bool:
         """Whether this implementation has a row for ``wl`` at all (a conv-only kernel has
@@ -179,6 +196,7 @@ class TopiBnTuned(OpImpl):
 
     name = "topi-bn tuned"
 
+    runtime = "tvm"
     def prepare(self, wl, ctx):
         lib, note = build_kernel(wl, ctx.target, ctx.tuning_logs)
         return Prepared(*_tvm_runner(lib, wl, ctx.arrays), note=note)
@@ -189,6 +207,7 @@ class TopiBnUntuned(OpImpl):
 
     name = "topi-bn untuned"
 
+    runtime = "tvm"
     def prepare(self, wl, ctx):
         import tvm
         from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
@@ -231,6 +250,7 @@ class TvmUnpacked(OpImpl):
     name = "TVM unpacked"
     kind = "baseline"
 
+    runtime = "tvm"
     def prepare(self, wl, ctx):
         import tvm
         from tvm import relax
@@ -249,6 +269,7 @@ class TorchEager(OpImpl):
     name = "torch"
     kind = "peer"
 
+    runtime = "torch"
     def prepare(self, wl, ctx):
         torch = peers.require_torch()
         torch.set_num_threads(ctx.threads)
@@ -279,6 +300,7 @@ class TopiBnBlocked(OpImpl):
     name = "topi-bn blocked"
     ops = ("conv2d_bn_relu",)
 
+    runtime = "tvm"
     def prepare(self, wl, ctx):
         from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight
         from ..targets import target_family
@@ -325,6 +347,7 @@ class TopiBnWinograd(OpImpl):
     name = "topi-bn Winograd"
     ops = ("conv2d_bn_relu",)
 
+    runtime = "tvm"
     def prepare(self, wl, ctx):
         from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_winograd_weight
         from ..targets import target_family
@@ -360,6 +383,7 @@ class OnnxRuntime(OpImpl):
     name = "onnxruntime"
     kind = "peer"
 
+    runtime = "onnxruntime"
     def prepare(self, wl, ctx):
         peers.require_ort()
         fam = OP_FAMILIES[wl.op]
@@ -369,10 +393,33 @@ class OnnxRuntime(OpImpl):
                                   ctx.spin_wait)
 
 
+class OpenVino(OpImpl):
+    """OpenVINO (CPU plugin) on the one-op graph ONNX Runtime runs: at f32
+    (``INFERENCE_PRECISION_HINT=f32``, the peer), or at its default precision (``precision``
+    ``None``: bf16 on CPUs with AVX512_BF16 or AMX, checked at bfloat16's tolerances; a row
+    of its own, not compared)."""
+
+    runtime = "openvino"
+
+    def __init__(self, precision: str | None = "f32"):
+        self.precision = precision
+        self.name = "openvino f32" if precision == "f32" else "openvino default"
+        self.kind = "peer" if precision == "f32" else "peer-info"
+
+    def prepare(self, wl, ctx):
+        peers.require_openvino()
+        fam = OP_FAMILIES[wl.op]
+        nodes, inputs, inits, output = fam.onnx_graph(wl, ctx.arrays)
+        model = peers.onnx_model(nodes, inputs, inits, output, fam.onnx_opset)
+        return peers.ov_prepared(model.SerializeToString(), inputs, ctx.threads,
+                                 self.precision,
+                                 pinning=None if ctx.spin_wait is None else False)
+
+
 #: The op-level implementations, in table order. Append an :class:`OpImpl` instance to add one.
 IMPLEMENTATIONS: tuple[OpImpl, ...] = (
     TopiBnTuned(), TopiBnBlocked(), TopiBnWinograd(), TopiBnUntuned(), TvmUnpacked(), TorchEager(),
-    OnnxRuntime(),
+    OnnxRuntime(), OpenVino("f32"), OpenVino(None),
 )
 
 
@@ -469,11 +516,30 @@ def op_cases(workloads: Sequence[W.Workload], cfg: BenchConfig, target, threads:
             def make(impl=impl, wl=wl, arrays=arrays):
                 ctx = OpContext(target, threads, arrays(), cfg.tuning_logs, cfg.spin_wait)
                 return impl.prepare(wl, ctx)
+            remote = (functools.partial(prepare_in_worker, impl, wl.name, cfg, threads)
+                      if impl.runtime is not None else None)
             cases.append(Case(
                 Result(wl.name, wl.op, impl.name, impl.kind, unit=fam.unit), make,
                 reference=reference, check=functools.partial(check_output, wl),
-                rate=functools.partial(fam.rate, wl), label=f"[{k}/{len(workloads)}] {wl.name}"))
+                rate=functools.partial(fam.rate, wl), label=f"[{k}/{len(workloads)}] {wl.name}",
+                runtime=impl.runtime, remote=remote))
     return cases
+
+
+@functools.lru_cache(maxsize=4)
+def _worker_target(target: str, threads: int):
+    return resolve_bench_target(target, threads)
+
+
+def prepare_in_worker(impl: OpImpl, workload: str, cfg: BenchConfig, threads: int) -> Prepared:
+    """``impl`` built for registry workload ``workload`` in a worker process of the isolated
+    policy (:attr:`Case.remote <topi_bn.bench.runner.Case>`): the same inputs as the benchmark
+    process's (:meth:`Workload.random_inputs` is seeded), every runtime's thread waiting left
+    at its default (``spin_wait=None``)."""
+    wl = W.get(workload)
+    ctx = OpContext(_worker_target(cfg.target, threads), threads, wl.random_inputs(),
+                    cfg.tuning_logs, spin_wait=None)
+    return impl.prepare(wl, ctx)
 
 
 def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,

@@ -14,13 +14,13 @@ import subprocess
 from dataclasses import asdict
 from typing import Any, Sequence
 
-from .runner import BenchConfig, Result, geomean
-from .threads import host_threads
+from .runner import BENCH_PROCESS, BenchConfig, Result, geomean
+from .threads import host_threads, user_thread_env
 from .timing import Timing
 
 __all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
            "geomean_speedups", "format_networks", "import_path_ratios", "fused_folded_ratios",
-           "winograd_ratios", "ort_ratios",
+           "winograd_ratios", "ort_ratios", "peer_ratios", "timing_method", "RUNTIME_DEFAULTS",
            "results_markdown",
            "entry_name"]
 
@@ -55,9 +55,9 @@ def machine_info(threads: int | None = None, target: Any = "x86") -> dict:
             "cores_available": host_threads()}
     with contextlib.suppress(OSError):
         info["loadavg_at_start"] = os.getloadavg()
-    for mod in ("torch", "onnxruntime"):
+    for mod in ("torch", "onnxruntime", "openvino"):
         with contextlib.suppress(ImportError):
-            info[f"{mod}_version"] = __import__(mod).__version__
+            info[f"{mod}_version"] = __import__(mod).__version__.split("-")[0]
     if target_family(t) == "cuda":
         with contextlib.suppress(Exception):
             dev = tvm.cuda(0)
@@ -160,10 +160,10 @@ def format_table(results: Sequence[Result], bandwidth: dict | None = None) -> st
     fastest peer, check, note.
     """
     lines = ["| workload | implementation | median ms | min–max ms | rate | % ceiling "
-             "| vs unpacked | vs best peer | check | note |", "|" + "---|" * 10]
+             "| vs unpacked | vs best peer | check | timed in | note |", "|" + "---|" * 11]
     for r in results:
         if r.timing is None:
-            lines.append(f"| {entry_name(r)} | {r.impl} | — | — | — | — | — | — | — "
+            lines.append(f"| {entry_name(r)} | {r.impl} | — | — | — | — | — | — | — | — "
                          f"| {r.error} |")
             continue
         t = r.timing
@@ -172,7 +172,8 @@ def format_table(results: Sequence[Result], bandwidth: dict | None = None) -> st
             f"| {entry_name(r)} | {r.impl} | {_ms(t)} | {t.min * 1e3:.3f}–{t.max * 1e3:.3f} "
             f"| {r.rate:.1f} {r.unit} | {'' if pct is None else f'{pct:.0f}%'} "
             f"| {_ratio(r.extra.get('speedup_vs_unpacked'))} "
-            f"| {_ratio(r.extra.get('speedup_vs_best_peer'))} | {r.check} | {r.note} |")
+            f"| {_ratio(r.extra.get('speedup_vs_best_peer'))} | {r.check} "
+            f"| {r.extra.get('timed_in', '')} | {r.note} |")
     return "\n".join(lines)
 
 
@@ -353,18 +354,26 @@ def fused_folded_ratios(results: Sequence[Result]) -> list[str]:
             for net, fused, folded in _in_turns(results, "fused", "folded")]
 
 
+def peer_ratios(results: Sequence[Result], peer: str = "onnxruntime",
+                title: str = "ONNX Runtime") -> list[str]:
+    """Per network: peer ``peer``'s time (``title`` in the text) over the fused and folded
+    builds' (torch.export, blocked layout), from their timing in turns
+    (:func:`topi_bn.bench.networks`)."""
+    folded = {net: ms for net, _, ms in _in_turns(results, peer, "folded")}
+    lines = []
+    for net, other, fused in _in_turns(results, peer, "fused"):
+        fold = folded.get(net)
+        builds = f"fused {fused:.2f} ms" + (f", folded {fold:.2f} ms" if fold else "")
+        ratios = f"fused vs {title} {other / fused:.2f}x" + (
+            f", folded {other / fold:.2f}x" if fold else "")
+        lines.append(f"- {net}: {builds}, {title} {other:.2f} ms ({ratios}, timed in turns)")
+    return lines
+
+
 def ort_ratios(results: Sequence[Result]) -> list[str]:
     """Per network: ONNX Runtime's time over the fused and folded builds' (torch.export,
     blocked layout), from their timing in turns (:func:`topi_bn.bench.networks`)."""
-    folded = {net: ms for net, _, ms in _in_turns(results, "onnxruntime", "folded")}
-    lines = []
-    for net, ort, fused in _in_turns(results, "onnxruntime", "fused"):
-        fold = folded.get(net)
-        builds = f"fused {fused:.2f} ms" + (f", folded {fold:.2f} ms" if fold else "")
-        ratios = f"fused vs ONNX Runtime {ort / fused:.2f}x" + (
-            f", folded {ort / fold:.2f}x" if fold else "")
-        lines.append(f"- {net}: {builds}, ONNX Runtime {ort:.2f} ms ({ratios}, timed in turns)")
-    return lines
+    return peer_ratios(results, "onnxruntime", "ONNX Runtime")
 
 
 def winograd_ratios(results: Sequence[Result]) -> list[str]:
@@ -373,6 +382,11 @@ def winograd_ratios(results: Sequence[Result]) -> list[str]:
     return [f"- {net}: fused {fused:.2f} ms, fused direct {direct:.2f} ms (direct / Winograd "
             f"{direct / fused:.3f}, timed in turns)"
             for net, fused, direct in _in_turns(results, "fused", "direct")]
+
+
+def _in_workers(results: Sequence[Result]) -> bool:
+    return any(r.extra.get("timed_in", BENCH_PROCESS) != BENCH_PROCESS for r in results
+               if r.timing is not None)
 
 
 def _plural(n: int, word: str) -> str:
@@ -387,10 +401,107 @@ def _provenance(machine: dict, cfg: BenchConfig, elapsed_s: float) -> str:
     load = machine.get("loadavg_at_start")
     return (f"Measured {date} on {where}, TVM {machine['tvm_version']}, {machine['threads']} "
             f"threads (torch {machine.get('torch_version', 'absent')}, onnxruntime "
-            f"{machine.get('onnxruntime_version', 'absent')}); {_plural(cfg.rounds, 'round')} per "
+            f"{machine.get('onnxruntime_version', 'absent')}, openvino "
+            f"{machine.get('openvino_version', 'absent')}); {_plural(cfg.rounds, 'round')} per "
             f"implementation, median [min–max]; whole run {elapsed_s / 60:.1f} min."
             + (f" Load average at start {load[0]:.1f} on {machine['cores_available']} cores."
                if load else ""))
+
+
+#: Each runtime's default thread policy: how a worker process of the isolated policy runs it
+#: (OpenVINO's is read from the compiled models, see :func:`timing_method`).
+RUNTIME_DEFAULTS = {
+    "tvm": "TVM (topi-bn and TVM's own lowering): its pool pins its worker threads to cores, "
+           "and idle threads spin (300,000 sched_yield calls) before they sleep",
+    "torch": "PyTorch: OpenMP's defaults (OMP_WAIT_POLICY unset: idle threads spin a while, "
+             "then sleep)",
+    "onnxruntime": "ONNX Runtime: its intra-op threads spin while they wait for work "
+                   "(session.intra_op.allow_spinning left on)",
+    "openvino": "OpenVINO: its CPU plugin's defaults",
+}
+
+
+def _openvino_defaults(results: Sequence[Result]) -> str:
+    """What OpenVINO's compiled models ran with (hint, streams, pinning), read back from them."""
+    facts = {(r.extra["ov_performance_hint"].rsplit(".", 1)[-1], r.extra.get("ov_streams"),
+              r.extra.get("ov_pinning")) for r in results if "ov_performance_hint" in r.extra}
+    if len(facts) != 1:
+        return RUNTIME_DEFAULTS["openvino"]
+    hint, streams, pinning = facts.pop()
+    return (f"{RUNTIME_DEFAULTS['openvino']}: {hint} hint, {_plural(streams, 'stream')}, "
+            f"threads {'pinned to cores' if pinning else 'not pinned'} (read from the compiled "
+            f"models)")
+
+
+def timing_method(results: Sequence[Result], cfg: BenchConfig,
+                  threads: int | None = None) -> str:
+    """How the figures of ``results`` were taken: the run's thread policy, each runtime's
+    thread settings, how the processes took turns, and which rows were timed where."""
+    timed = [r for r in results if r.timing is not None]
+    where: dict[str, list[str]] = {}
+    for r in timed:
+        where.setdefault(r.extra.get("timed_in", BENCH_PROCESS), [])
+        if r.impl not in where[r.extra.get("timed_in", BENCH_PROCESS)]:
+            where[r.extra.get("timed_in", BENCH_PROCESS)].append(r.impl)
+    n = f"{threads} threads" if threads else "the same thread count"
+    user = user_thread_env()
+    env = ("; set in the environment by the user, and kept: " +
+           ", ".join(f"{k}={v}" for k, v in user.items())) if user else ""
+    least_ms: dict[str, float] = {}
+    rounds: dict[str, int] = {}
+    for r in timed:
+        what = "network" if r.op == "network" else "layer"
+        rounds[what] = max(rounds.get(what, 0), len(r.timing.data))
+        if "round_ms" in r.extra:
+            least_ms[what] = max(least_ms.get(what, 0.0), r.extra["round_ms"])
+    least = " / ".join(f"{ms:g} ms ({what})" for what, ms in sorted(least_ms.items())) or \
+        f"{cfg.min_round_ms:g} ms"
+    count = " / ".join(f"{_plural(n, 'round')} ({what})" for what, n in sorted(rounds.items()))
+    workers = [w for w in where if w != BENCH_PROCESS]
+    here = where.get(BENCH_PROCESS, [])
+    if cfg.threads_policy == "isolated" and workers:
+        runtimes = [w.removesuffix(" worker process") for w in workers]
+        policies = "; ".join(_openvino_defaults(timed) if rt == "openvino" else
+                             RUNTIME_DEFAULTS.get(rt, rt) for rt in runtimes)
+        waits = [r.extra["quiet_wait_ms_max"] for r in timed if "quiet_wait_ms_max" in r.extra]
+        text = (f"How the figures were taken (--threads-policy isolated): each runtime ran "
+                f"alone in its own worker process with its default thread policy and {n} "
+                f"({policies}{env}). The processes took turns round by round: the bench process "
+                f"told one worker at a time to run a round (each implementation for at least "
+                f"{least}) and report its times, and started the next worker's round only once "
+                f"the previous one's threads had gone quiet"
+                + (f" (longest wait {max(waits):.0f} ms)" if waits else "")
+                + f"; a runtime's implementations share its worker, as they would share a "
+                f"user's process. Every implementation of a layer or network was timed in "
+                f"these turns ({count}; median [min–max]), so its ratios come from the same "
+                f"turns.")
+        if here:
+            text += f" Timed in the bench process instead (no worker): {', '.join(here)}."
+        return text
+    waiting = ("spinning (--spin-wait)" if cfg.spin_wait else
+               "waiting passively (TVM_THREAD_POOL_SPIN_COUNT=0, OMP_WAIT_POLICY=PASSIVE, "
+               "ONNX Runtime allow_spinning=0)")
+    if cfg.threads_policy == "isolated":  # nothing had a worker (the GPU benchmark, tests)
+        return (f"How the figures were taken: in the bench process, {n}"
+                f"{', in turns' if len(timed) > 1 else ''}.")
+    return (f"How the figures were taken (--threads-policy shared): every runtime in the bench "
+            f"process, {n}, idle threads {waiting}, no thread pinning (TVM_BIND_THREADS=0, "
+            f"OpenVINO ENABLE_CPU_PINNING off){env}; a layer's implementations timed in turns, "
+            f"of the whole networks the builds compared in turns (below). Runtimes that share "
+            f"a process share its cores, and one pool's spinning or waking threads slow "
+            f"another's: this suits a machine shared with other jobs, but is not what a user "
+            f"who runs one runtime alone sees (--threads-policy isolated, the default).")
+
+
+def _openvino_default_line(results: Sequence[Result]) -> list[str]:
+    ran = sorted({r.extra["ov_precision"] for r in results
+                  if r.impl == "openvino default" and "ov_precision" in r.extra})
+    if not ran:
+        return []
+    return [f"'openvino default' is OpenVINO at its default precision (bf16 on CPUs with "
+            f"AVX512_BF16 or AMX); here it ran {' and '.join(ran)} (the compiled models' "
+            f"INFERENCE_PRECISION_HINT). It is shown, not compared: every 'vs' and 'best peer' "
+            f"figure is against 'openvino f32' (INFERENCE_PRECISION_HINT=f32).", ""]
 
 
 def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict | None,
@@ -398,7 +509,8 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
                      networks: Sequence[Result] = ()) -> str:
     """The text of ``results.md`` (and of the README's table): provenance, the copy ceiling,
     geomean speedups per op, the per-workload summary table and the whole networks."""
-    lines = [_provenance(machine, cfg, elapsed_s), ""]
+    lines = [_provenance(machine, cfg, elapsed_s), "",
+             timing_method(list(results) + list(networks), cfg, machine.get("threads")), ""]
     if bandwidth:
         lines += [f"Memory-bandwidth ceiling: {bandwidth['ceiling_gbps']:.1f} GB/s "
                   f"({bandwidth.get('how', 'copy, read + write')}).", ""]
@@ -433,22 +545,27 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
                   "(its conv2d has no CPU schedule in TVM 0.27); 'best peer' is the fastest "
                   "other framework. 'n/a' and 'failed' cells: see the per-implementation "
                   "table.", ""]
+        lines += _openvino_default_line(results)
     if networks:
         lines += ["Whole networks (batch 1, float32): every build's kernels in the last "
                   "column (BN: the graph's batch-norms fused into conv2d_bn_relu kernels, "
                   "folded into conv weights, or separate)" + _network_work(networks, bandwidth)
-                  + " The fused and folded torch.export builds' 'vs onnxruntime' is from their "
-                  "timing in turns with it (below), not from the medians of the table, which "
-                  "were taken minutes apart.",
+                  + (" Every implementation of a network was timed in turns with all the "
+                     "others, each in its runtime's worker process, so the table's ratios come "
+                     "from those turns." if _in_workers(networks) else
+                     " The fused and folded torch.export builds' 'vs onnxruntime' and 'vs "
+                     "openvino f32' are from their timing in turns with it (below), not from "
+                     "the medians of the table, which were taken minutes apart."),
                   "", format_networks(networks, bandwidth), ""]
+        lines += _openvino_default_line(networks)
         ratios = import_path_ratios(networks)
         if ratios:
             lines += ["The same model through both import paths:", "", *ratios, ""]
-        ratios = ort_ratios(networks)
-        if ratios:
-            lines += ["Fused and folded builds (torch.export, blocked layout) and ONNX Runtime:",
-                      "",
-                      *ratios, ""]
+        for peer, title in (("onnxruntime", "ONNX Runtime"), ("openvino f32", "OpenVINO f32")):
+            ratios = peer_ratios(networks, peer, title)
+            if ratios:
+                lines += [f"Fused and folded builds (torch.export, blocked layout) and {title}:",
+                          "", *ratios, ""]
         ratios = fused_folded_ratios(networks)
         if ratios:
             lines += ["Fused and folded builds (torch.export, blocked layout):", "", *ratios,

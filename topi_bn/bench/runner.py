@@ -7,10 +7,24 @@ against a reference, times it (the implementation's own device timer if it has o
 that a lone layer pays and a network does not), and turns the median into a rate. An
 implementation that cannot exist here raises :class:`Unavailable` (reported ``n/a: <reason>``);
 any other failure is reported as ``<Error>: <last line>``; neither ends the run.
+
+Where a case is timed depends on the run's thread policy (:attr:`BenchConfig.threads_policy`):
+
+- ``isolated`` (the default): a case that names its runtime (:attr:`Case.runtime`, and how a
+  worker makes it: :attr:`Case.remote`) is built, run and timed in that runtime's worker process
+  (:mod:`topi_bn.bench.isolation`), started with the runtime's default thread policy. The cases
+  of one workload are timed in turns: round by round the benchmark process tells one worker at a
+  time to run a round (each of its cases for at least the round's milliseconds) and report its
+  times, so a slow spell of the machine falls on every runtime alike, and no two runtimes ever
+  share the cores. A worker that dies fails its cases (failed rows) and is started again for the
+  next workload. Cases that name no runtime are timed in this process as below.
+- ``shared``: every case in this process (idle threads waiting passively, unless ``spin_wait``),
+  the cases of a workload in turns when :func:`run_cases` is asked to.
 """
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -18,11 +32,22 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..checks import one_line
-from .timing import Timing, time_callable, time_in_turns
+from .. import checks
+from .isolation import WorkerPool
+from .threads import check_threads_policy, host_threads
+from .timing import Timing, time_callable, time_in_turns, warm_up
 
 __all__ = ["BenchConfig", "Unavailable", "Prepared", "Result", "Case", "run_cases",
-           "compute_speedups", "progress", "geomean", "resolve_bench_target"]
+           "compute_speedups", "progress", "one_line", "geomean", "resolve_bench_target",
+           "ImplHost", "BENCH_PROCESS"]
+
+#: ``Result.extra["timed_in"]`` of a case timed in the benchmark process itself
+BENCH_PROCESS = "bench process"
+
+
+def one_line(err: BaseException) -> str:
+    """A failed row's error: ``<Type>: <last line>`` (:func:`topi_bn.checks.one_line`)."""
+    return checks.one_line(err, with_type=True, last=True)
 
 
 @dataclass(frozen=True)
@@ -52,8 +77,13 @@ class BenchConfig:
         What topi-bn builds read: ``"shipped"`` (the package's logs for the target) or a
         MetaSchedule JSON database directory (``topi_bn.build``'s ``tuning_logs``).
     spin_wait : bool
-        Let idle threads of TVM, OpenMP and ORT spin (their defaults; best on an idle
-        machine) instead of waiting passively (see :func:`topi_bn.bench.threads.set_threads`).
+        Shared policy only: let idle threads of TVM, OpenMP and ORT spin (their defaults; best
+        on an idle machine) instead of waiting passively (see
+        :func:`topi_bn.bench.threads.set_threads`).
+    threads_policy : str
+        ``"isolated"`` (default): each runtime in its own worker process with its default
+        thread policy, the processes taking turns; ``"shared"``: all runtimes in this process
+        (see the module docstring).
     """
 
     target: str = "x86"
@@ -65,6 +95,10 @@ class BenchConfig:
     bandwidth_mb: int = 256
     spin_wait: bool = False
     tuning_logs: str = "shipped"
+    threads_policy: str = "isolated"
+
+    def __post_init__(self):
+        check_threads_policy(self.threads_policy)
 
     @classmethod
     def quick(cls, **changes) -> "BenchConfig":
@@ -104,6 +138,11 @@ class Prepared:
         lone layer pays the conversion, a network whose convs stay blocked does not.
     info : dict
         Facts merged into the result's ``extra`` (kernel counts of a network build...).
+    precision : str
+        The element type it actually computed in when that is not the workload's (OpenVINO's
+        default is bfloat16 on CPUs with AVX512_BF16 or AMX): its output is checked at that
+        type's tolerances (the check is called with ``dtype=precision``); ``""``: the
+        workload's.
     """
 
     run: Callable[[], Any]
@@ -113,6 +152,7 @@ class Prepared:
     timer: Callable[[int, float], Timing] | None = None
     side_costs: dict[str, Callable[[], Any]] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    precision: str = ""
 
 
 @dataclass
@@ -162,6 +202,15 @@ class Case:
         Override the run's rounds / warm-up calls (a network that takes seconds per call).
     min_round_ms : float, optional
         Override the run's shortest round.
+    runtime : str, optional
+        The runtime it runs on (``tvm``, ``torch``, ``onnxruntime``, ``openvino``): under the
+        isolated policy it is built and timed in that runtime's worker process (one process
+        per runtime: a runtime's implementations share it, as in a user's program). ``None``:
+        always in this process.
+    remote : callable, optional
+        ``remote() -> Prepared``: ``prepare`` as the worker process runs it, a callable that
+        cloudpickle can send there (a module-level function and picklable arguments: a
+        workload's name, the run's :class:`BenchConfig`...). Needed with ``runtime``.
     """
 
     result: Result
@@ -173,6 +222,8 @@ class Case:
     rounds: int | None = None
     warmup: int | None = None
     min_round_ms: float | None = None
+    runtime: str | None = None
+    remote: Callable[[], Prepared] | None = None
 
 
 def progress(msg: str) -> None:
@@ -190,16 +241,30 @@ def run_cases(cases: Iterable[Case], cfg: BenchConfig,
     ``in_turns``: the consecutive cases of one workload are all built and checked first, then
     timed in turns (:func:`~topi_bn.bench.timing.time_in_turns`: round by round, one after
     the other), so that a slow spell of the machine falls on all of them alike and their
-    ratios hold; a case with its own timer or rounds is timed alone."""
+    ratios hold; a case with its own timer or rounds is timed alone.
+
+    Under the isolated policy (``cfg.threads_policy``) the cases of one workload that name a
+    runtime are timed in turns in their runtimes' worker processes whatever ``in_turns`` says
+    (see the module docstring); each result's ``extra["timed_in"]`` says where it was timed."""
+    isolated = cfg.threads_policy == "isolated"
     results: list[Result] = []
     batch: list[Case] = []
-    for case in cases:
-        if batch and not (in_turns and case.result.group == batch[0].result.group):
-            results += _run_batch(batch, cfg, report)
-            batch = []
-        batch.append(case)
-    if batch:
-        results += _run_batch(batch, cfg, report)
+    with WorkerPool(cfg.threads or host_threads()) as pool:
+        def flush():
+            if isolated and any(c.runtime is not None for c in batch):
+                return _run_isolated_batch(batch, cfg, report, pool)
+            if in_turns:
+                return _run_batch(batch, cfg, report)
+            return [r for c in batch for r in _run_batch([c], cfg, report)]
+
+        for case in cases:
+            together = in_turns or (isolated and case.runtime is not None)
+            if batch and not (together and case.result.group == batch[0].result.group):
+                results += flush()
+                batch = []
+            batch.append(case)
+        if batch:
+            results += flush()
     compute_speedups(results)
     return results
 
@@ -247,7 +312,7 @@ def _guard(r: Result, report: Callable[[str], None], fn: Callable[[], Any]) -> A
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001 - one failure must not end the run
-        r.timing, r.error = None, one_line(err, with_type=True, last=True)
+        r.timing, r.error = None, one_line(err)
         report(f"    FAILED: {r.error}")
     return None
 
@@ -261,8 +326,16 @@ def _prepare(case: Case, cfg: BenchConfig) -> Prepared:
     r.extra.update(p.info)
     p.run()
     if cfg.check and case.reference is not None and case.check is not None:
-        r.check = case.check(p.output(), case.reference())
+        r.check = _check(case, p.output(), p.precision)
     return p
+
+
+def _check(case: Case, output: np.ndarray, precision: str) -> str:
+    """``case.check`` of ``output`` against the reference, at ``precision``'s tolerances when
+    the implementation computed in another element type than the workload's."""
+    if precision:
+        return case.check(output, case.reference(), dtype=precision)
+    return case.check(output, case.reference())
 
 
 def _finish(case: Case, p: Prepared, cfg: BenchConfig, report: Callable[[str], None],
@@ -279,14 +352,221 @@ def _finish(case: Case, p: Prepared, cfg: BenchConfig, report: Callable[[str], N
         warmup = 2 if case.warmup is None else case.warmup
         r.timing = time_callable(p.run, rounds, min_ms, warmup)
     r.extra.update(p.info)  # what the timer added
+    r.extra["timed_in"], r.extra["round_ms"] = BENCH_PROCESS, min_ms
     for name, fn in p.side_costs.items():
         r.extra.setdefault("side_costs_s", {})[name] = time_callable(fn, rounds, min_ms).median
+    _rate_and_report(case, report, in_turns)
+
+
+def _rate_and_report(case: Case, report: Callable[[str], None], in_turns: bool,
+                     where: str = "") -> None:
+    r = case.result
     if case.rate is not None:
         r.rate = case.rate(r.timing.median)
     rate = f"  {r.rate:10.1f} {r.unit}" if r.rate is not None else ""
     who = f"{r.impl}: " if in_turns else ""
+    turns = f", in turns{' ' + where if where else ''}" if in_turns else ""
     report(f"    {who}{r.timing.median * 1e3:10.3f} ms{rate}  (build {r.build_s:.1f} s"
-           f"{', ' + r.check if r.check else ''}{', in turns' if in_turns else ''})")
+           f"{', ' + r.check if r.check else ''}{turns})")
+
+
+# -- the isolated policy ----------------------------------------------------------------------
+class ImplHost:
+    """Builds, runs and times prepared implementations in one process: a worker process of the
+    isolated policy serves one (:func:`topi_bn.bench.worker.main`), and the benchmark process
+    has one for its own cases of an isolated batch. Each method is one request of the runner;
+    ``key`` names a case."""
+
+    def __init__(self):
+        self._prepared: dict[Any, Prepared] = {}
+
+    def prepare(self, key, make: Callable[[], Prepared], want_output: bool) -> dict:
+        """Build (``make()``), run once; the facts the runner records, and the output when
+        ``want_output`` (checked by the benchmark process, which holds the reference)."""
+        t0 = time.perf_counter()
+        p = make()
+        build_s = p.build_s or time.perf_counter() - t0
+        p.run()
+        self._prepared[key] = p
+        return {"build_s": build_s, "note": p.note, "info": dict(p.info),
+                "precision": p.precision, "own_timer": p.timer is not None,
+                "output": np.asarray(p.output()) if want_output else None}
+
+    def prepared(self, key) -> Prepared | None:
+        """The prepared implementation of ``key`` (None: not prepared, or released)."""
+        return self._prepared.get(key)
+
+    def warm(self, items: Sequence[tuple[Any, int, float]]) -> dict:
+        """``(key, warm-up calls, shortest round ms)`` -> each key's calls per round
+        (:func:`~topi_bn.bench.timing.warm_up`), or the one-line error that ended it."""
+        out: dict[Any, int | str] = {}
+        for key, warmup, min_ms in items:
+            try:
+                out[key] = warm_up(self._prepared[key].run, warmup, min_ms)
+            except Exception as err:  # noqa: BLE001 - a failed row, the others go on
+                out[key] = one_line(err)
+        return out
+
+    def round(self, items: Sequence[tuple[Any, int]]) -> dict:
+        """One round: each ``(key, calls)`` in turn; its seconds per call, or its error."""
+        out: dict[Any, float | str] = {}
+        for key, number in items:
+            fn = self._prepared[key].run
+            try:
+                t0 = time.perf_counter()
+                for _ in range(number):
+                    fn()
+                out[key] = (time.perf_counter() - t0) / number
+            except Exception as err:  # noqa: BLE001 - a failed row, the others go on
+                out[key] = one_line(err)
+        return out
+
+    def side_costs(self, key, rounds: int, min_ms: float) -> dict[str, float]:
+        """Median seconds of each side cost of ``key``, timed alone."""
+        return {name: time_callable(fn, rounds, min_ms).median
+                for name, fn in self._prepared[key].side_costs.items()}
+
+    def release(self, keys) -> None:
+        for key in keys:
+            self._prepared.pop(key, None)
+
+
+class _Here:
+    """The benchmark process's :class:`ImplHost` behind the interface of a worker."""
+
+    runtime, alive, died = None, True, None
+
+    def __init__(self):
+        self.host = ImplHost()
+
+    def call(self, op: str, *args):
+        return getattr(self.host, op)(*args)
+
+    def wait_quiet(self) -> float:
+        return 0.0
+
+
+def _run_isolated_batch(cases: Sequence[Case], cfg: BenchConfig, report: Callable[[str], None],
+                        pool: WorkerPool) -> list[Result]:
+    """Build and check each case in its runtime's worker (cases without one here), then time
+    them all in turns, one process at a time (see the module docstring)."""
+    here = _Here()
+    keys = {id(c): k for k, c in enumerate(cases)}
+    last: list[Any] = [None]  # the process that ran last: it must go quiet first
+    waits: list[float] = []  # seconds waited for it, this batch
+
+    def use(host):
+        if last[0] is not None and last[0] is not host and last[0].alive:
+            waits.append(last[0].wait_quiet())
+        last[0] = host
+        return host
+
+    def fail(c: Case, msg: str) -> None:
+        if not c.result.error:
+            c.result.timing, c.result.error = None, msg
+            report(f"    FAILED: {c.result.impl}: {msg}")
+
+    def alive(c: Case, host) -> bool:
+        if not host.alive:
+            fail(c, one_line(host.died) if host.died is not None else
+                 f"the {host.runtime} worker process ended")
+        return host.alive
+
+    def settings(c: Case) -> tuple[int, int, float]:
+        """(rounds, warm-up calls, shortest round ms) of ``c``."""
+        return (c.rounds or cfg.rounds, 2 if c.warmup is None else c.warmup,
+                cfg.min_round_ms if c.min_round_ms is None else c.min_round_ms)
+
+    def request(host, op: str, items: list[tuple[Case, Any]]) -> dict[int, Any]:
+        """``op`` on ``host`` of ``items`` (``(case, request item)``): each case's value by
+        ``id(case)``; a case that failed (or whose worker died) is a failed row."""
+        try:
+            got = use(host).call(op, [item for _, item in items])
+        except Exception as err:  # noqa: BLE001 - a dead worker fails its cases
+            for c, _ in items:
+                fail(c, one_line(err))
+            return {}
+        out = {}
+        for c, _ in items:
+            v = got.get(keys[id(c)])
+            if isinstance(v, str):
+                fail(c, v)
+            else:
+                out[id(c)] = v
+        return out
+
+    # 1. build, run once and check, each case in its process
+    ready: list[tuple[Case, Any]] = []  # (case, its host)
+    for case in cases:
+        r = case.result
+        report(f"{case.label}: {r.impl} ...")
+
+        def prepare(case=case, r=r):
+            remote = case.runtime is not None and case.remote is not None
+            host = use(pool.get(case.runtime) if remote else here)
+            want = bool(cfg.check and case.reference is not None and case.check is not None)
+            d = host.call("prepare", keys[id(case)], case.remote if remote else case.prepare,
+                          want)
+            r.build_s, r.note = d["build_s"], d["note"]
+            r.extra.update(d["info"])
+            if want:
+                r.check = _check(case, d["output"], d["precision"])
+            return host, d["own_timer"]
+        got = _guard(r, report, prepare)
+        if got is not None and not (got[1] and got[0] is here):  # a device timer: see 4.
+            ready.append((case, got[0]))
+
+    # 2. warm-up, then the rounds: process after process, each running its cases in turn
+    hosts = list(dict.fromkeys(h for _, h in ready))
+    numbers: dict[int, int] = {}
+    for host in hosts:
+        mine = [c for c, h in ready if h is host and alive(c, h)]
+        numbers.update(request(host, "warm",
+                               [(c, (keys[id(c)], *settings(c)[1:])) for c in mine]))
+    data: dict[int, list[float]] = {}
+    for k in range(max((settings(c)[0] for c, _ in ready), default=0)):
+        for host in hosts:
+            mine = [c for c, h in ready if h is host and id(c) in numbers
+                    and not c.result.error and settings(c)[0] > k and alive(c, h)]
+            if mine:
+                got = request(host, "round", [(c, (keys[id(c)], numbers[id(c)])) for c in mine])
+                for i, secs in got.items():
+                    data.setdefault(i, []).append(secs)
+
+    # 3. timings, side costs (timed alone, in the case's process) and rates
+    for case, host in ready:
+        r = case.result
+        if r.error or id(case) not in data or not alive(case, host):
+            continue
+
+        def finish(case=case, host=host, r=r):
+            rounds, _, min_ms = settings(case)
+            r.timing = Timing(data[id(case)], numbers[id(case)])
+            costs = use(host).call("side_costs", keys[id(case)], rounds, min_ms)
+            if costs:
+                r.extra["side_costs_s"] = costs
+            r.extra["timed_in"] = (BENCH_PROCESS if host is here
+                                   else f"{host.runtime} worker process")
+            r.extra["round_ms"] = min_ms
+            _rate_and_report(case, report, in_turns=len(ready) > 1,
+                             where="" if host is here else f"({host.runtime} process)")
+        _guard(r, report, finish)
+    for case, _ in ready:
+        if waits and case.result.timing is not None:
+            case.result.extra["quiet_wait_ms_max"] = 1e3 * max(waits)
+
+    # 4. cases of this process with a device timer: alone, as in the shared policy
+    for case in cases:
+        p = here.host.prepared(keys[id(case)])
+        if p is not None and p.timer is not None and not case.result.error:
+            _guard(case.result, report, lambda c=case, p=p: _finish(c, p, cfg, report, None))
+    for host in hosts:
+        if host.alive:
+            try:
+                host.call("release", [keys[id(c)] for c, h in ready if h is host])
+            except Exception:  # noqa: BLE001 - a worker that died meanwhile: nothing to free
+                pass
+    return [c.result for c in cases]
 
 
 def compute_speedups(results: Sequence[Result]) -> None:

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Timing", "time_callable", "time_in_turns", "bandwidth_ceiling", "fma_ceiling"]
+__all__ = ["Timing", "time_callable", "time_in_turns", "warm_up", "rounds_number",
+           "bandwidth_ceiling", "fma_ceiling"]
 
 
 @dataclass
@@ -89,7 +90,7 @@ def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup: expected >= 0, got {warmup}")
-    numbers = {name: _warm_up(fn, warmup, min_round_ms) for name, fn in fns.items()}
+    numbers = {name: warm_up(fn, warmup, min_round_ms) for name, fn in fns.items()}
     data: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -100,7 +101,7 @@ def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
     return {name: Timing(data[name], numbers[name]) for name in fns}
 
 
-def _warm_up(fn: Callable[[], Any], warmup: int, min_round_ms: float) -> int:
+def warm_up(fn: Callable[[], Any], warmup: int, min_round_ms: float) -> int:
     """Make ``warmup`` untimed calls (fewer once they have taken a second: a slow kernel's
     one-time costs are small next to its run time); the calls per round (1 without warm-up)."""
     once, spent = 0.0, 0.0
