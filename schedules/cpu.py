@@ -21,9 +21,10 @@
   row while it is in cache; reductions vectorized through ``rfactor`` of a lane axis.
 - ``batch_norm_infer``: parallel outer loops, vectorized inner loop.
 
-With ``tunable=True`` tile sizes are ``sample_categorical`` / ``sample_perfect_tile``
-instructions (MetaSchedule replays the trace); with ``tunable=False`` they are the defaults of
-the op's config dataclass, derived from :class:`CpuParams` of the target.
+With ``tunable=True`` tile sizes are ``sample_categorical`` instructions whose initial decision
+is the default (:func:`~topi_bn.schedules.helpers.knob`; MetaSchedule replays the trace); with
+``tunable=False`` they are the defaults of the op's config dataclass, derived from
+:class:`~topi_bn.schedules.helpers.CpuParams` of the target.
 
 Elementwise blocks that Relax fused after our op (no ``schedule_rule``) are inlined into the
 op's epilogue when ``reverse_compute_inline`` allows it, else left for the generic path.
@@ -32,110 +33,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 import tvm
 from tvm.target import Target
 
-from topi_bn.targets import num_cores, vector_bits, vector_lanes
-
 from .common import inline_consumers, op_blocks, stats_blocks
 from .cpu_conv_nchwc import schedule_conv_nchwc
 from .cpu_conv_winograd import schedule_conv_winograd
-
+from .helpers import (
+    CpuParams, channel_position, cpu_params, divisors, extent, iter_loops, knob, largest_divisor,
+    vectorize_innermost,
+)
 
 __all__ = [
-    "CpuParams", "ConvConfig", "NormStatsConfig", "BatchNormInferConfig",
-    "cpu_params", "schedule_op",
+    "CpuParams", "ConvConfig", "NormStatsConfig", "BatchNormInferConfig", "cpu_params",
+    "schedule_op",
 ]
 
 
-# -- what the target tells us ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class CpuParams:
-    """The machine facts the defaults are derived from.
-
-    Attributes
-    ----------
-    lanes : int
-        float32 elements per SIMD register (16 with AVX-512, 8 with AVX2, 4 with NEON).
-    cores : int
-        Parallel tasks worth creating (the target's ``num-cores``).
-    vector_registers : int
-        Architectural SIMD registers (32 with AVX-512 and aarch64, 16 with AVX2/SSE).
-    l1_bytes, l2_bytes : int
-        Per-core data cache sizes used to size cache blocks.
-    """
-
-    lanes: int
-    cores: int
-    vector_registers: int
-    l1_bytes: int = 32 * 1024
-    l2_bytes: int = 1024 * 1024
-
-    @property
-    def accumulators(self) -> int:
-        """Vector registers a register tile may hold, leaving some for operands."""
-        return self.vector_registers - max(4, self.vector_registers // 8)
-
-
-def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
-               l2_bytes: int = 1024 * 1024) -> CpuParams:
-    """:class:`CpuParams` of a CPU ``target``; cache sizes are parameters (LLVM targets do not
-    carry them)."""
-    aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
-    regs = 32 if aarch64 or vector_bits(target) >= 512 else 16
-    return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
-                     vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
-
-
 # -- small helpers --------------------------------------------------------------------------------
-def _divisors(n: int, limit: int | None = None) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
-
-
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(_divisors(n, max(1, limit)))
-
-
 def _vector_tile(extent: int, lanes: int, max_vectors: int) -> int:
     """Default tile along a vectorized axis: the largest multiple of ``lanes`` (at most
     ``max_vectors`` registers) dividing ``extent``, else the largest divisor up to ``lanes``.
 
     Wider vectors whose length is not a multiple of the register are scalarized by LLVM."""
-    whole = [d for d in _divisors(extent, lanes * max_vectors) if d % lanes == 0]
-    return max(whole) if whole else _largest_divisor(extent, lanes)
+    whole = [d for d in divisors(extent, lanes * max_vectors) if d % lanes == 0]
+    return max(whole) if whole else largest_divisor(extent, lanes)
 
 
 def _vector_candidates(extent: int, lanes: int, max_vectors: int) -> list[int]:
     """Tunable choices of a vectorized tile: divisors up to one register, and multiples of
     the register up to ``max_vectors`` of them."""
-    return [d for d in _divisors(extent, lanes * max_vectors) if d <= lanes or d % lanes == 0]
-
-
-def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates: Sequence[int], default: int):
-    """``default`` for an untuned build, else a ``sample_categorical`` over ``candidates``."""
-    cands = sorted(set(int(c) for c in candidates) | {int(default)})
-    if not tunable or len(cands) == 1:
-        return int(default)
-    return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
-
-
-def _extent(sch: tvm.s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
-def _channel_position(sch: tvm.s_tir.Schedule, block) -> int:
-    """Index of the block iter that indexes its 1-D (per-channel) reads."""
-    blk = sch.get(block)
-    iters = [iv.var for iv in blk.iter_vars]
-    for region in blk.reads:
-        if len(region.source.shape) == 1:
-            idx = region.region[0].min
-            for i, v in enumerate(iters):
-                if idx.same_as(v):
-                    return i
-    raise ValueError(f"block {blk.name_hint}: no per-channel read")
+    return [d for d in divisors(extent, lanes * max_vectors) if d <= lanes or d % lanes == 0]
 
 
 def _reduction_loop_names(sch: tvm.s_tir.Schedule, block) -> set:
@@ -147,12 +76,6 @@ def _reduction_loop_names(sch: tvm.s_tir.Schedule, block) -> set:
         if kind == 2:  # CommReduce
             names.add(sch.get(loop).loop_var.name)
     return names
-
-
-def _vectorize_innermost(sch: tvm.s_tir.Schedule, block) -> None:
-    loops = sch.get_loops(block)
-    if loops:
-        sch.vectorize(loops[-1])
 
 
 # -- conv2d + BN + activation ---------------------------------------------------------------------
@@ -182,8 +105,8 @@ class ConvConfig:
     def candidates(vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> dict:
         return {
             "vec_tile": _vector_candidates(vec_ext, p.lanes, 2),
-            "reg_tile": _divisors(reg_ext, p.accumulators),
-            "row_tile": _divisors(row_ext, 4),
+            "reg_tile": divisors(reg_ext, p.accumulators),
+            "row_tile": divisors(row_ext, 4),
             "unroll": [0, 16, 64],
         }
 
@@ -191,11 +114,11 @@ class ConvConfig:
     def default(cls, vec_ext: int, reg_ext: int, row_ext: int, p: CpuParams) -> "ConvConfig":
         # One register of lanes at most: LLVM scalarizes wider vectors whose length is not a
         # multiple of the register (W = 56 split by 28), and a divisor keeps the loop exact.
-        vec = _largest_divisor(vec_ext, p.lanes)
+        vec = largest_divisor(vec_ext, p.lanes)
         # half the accumulator budget: a target may prefer half-width registers (znver4 LLVM
         # emits 256-bit ops), which doubles the registers one tile row takes
-        reg = _largest_divisor(reg_ext, max(1, p.accumulators // 2))
-        row = _largest_divisor(row_ext, 2) if 2 * vec <= p.lanes else 1
+        reg = largest_divisor(reg_ext, max(1, p.accumulators // 2))
+        row = largest_divisor(row_ext, 2) if 2 * vec <= p.lanes else 1
         return cls(vec_tile=vec, reg_tile=reg, row_tile=row)
 
 
@@ -211,7 +134,7 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
     p = cpu_params(target)
     blocks = op_blocks(sch, conv)
     act = blocks["bn_act"]
-    k_pos = _channel_position(sch, act)  # 1: NCHW, 3: NHWC
+    k_pos = channel_position(sch, act)  # 1: NCHW, 3: NHWC
     nchw = k_pos == 1
     inline_consumers(sch, act)
 
@@ -224,13 +147,13 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
     else:
         row, reg, vec = a, b, c                                  # (oh, ow, k)
 
-    ext = {"vec": _extent(sch, vec), "reg": _extent(sch, reg), "row": _extent(sch, row)}
+    ext = {"vec": extent(sch, vec), "reg": extent(sch, reg), "row": extent(sch, row)}
     cfg = ConvConfig.default(ext["vec"], ext["reg"], ext["row"], p)
     cands = ConvConfig.candidates(ext["vec"], ext["reg"], ext["row"], p)
-    vt = _knob(sch, tunable, cands["vec_tile"], cfg.vec_tile)
-    rt = _knob(sch, tunable, cands["reg_tile"], cfg.reg_tile)
-    ot = _knob(sch, tunable, cands["row_tile"], cfg.row_tile)
-    unroll = _knob(sch, tunable, cands["unroll"], cfg.unroll)
+    vt = knob(sch, tunable, cands["vec_tile"], cfg.vec_tile)
+    rt = knob(sch, tunable, cands["reg_tile"], cfg.reg_tile)
+    ot = knob(sch, tunable, cands["row_tile"], cfg.row_tile)
+    unroll = knob(sch, tunable, cands["unroll"], cfg.unroll)
 
     tiles = {}
     for name, loop, factor in (("row", row, ot), ("reg", reg, rt), ("vec", vec, vt)):
@@ -259,7 +182,7 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
     sch.unroll(creg)
     sch.vectorize(cvec)
     init = sch.decompose_reduction(conv, reds[0])
-    _vectorize_innermost(sch, init)
+    vectorize_innermost(sch, init)
 
     if "pad" in blocks:
         pad_loops = sch.get_loops(blocks["pad"])
@@ -294,20 +217,14 @@ class NormStatsConfig:
     @staticmethod
     def candidates(fast: int, inner: int, groups: int, p: CpuParams) -> dict:
         per = fast // _vector_width(fast, p.lanes)
-        return {"vectors": _divisors(per, 8), "norm_tile": _vector_candidates(inner, p.lanes, 8),
-                "tasks": _divisors(groups, 8 * p.cores)}
+        return {"vectors": divisors(per, 8), "norm_tile": _vector_candidates(inner, p.lanes, 8),
+                "tasks": divisors(groups, 8 * p.cores)}
 
     @classmethod
     def default(cls, fast: int, inner: int, groups: int, p: CpuParams) -> "NormStatsConfig":
         per = fast // _vector_width(fast, p.lanes)
-        return cls(vectors=_largest_divisor(per, 8), norm_tile=_vector_tile(inner, p.lanes, 4),
-                   tasks=_largest_divisor(groups, 4 * p.cores))
-
-
-def _iter_loops(sch: tvm.s_tir.Schedule, block) -> list:
-    """The innermost loops of ``block``, one per block iter in iter order: what
-    ``(reverse_)compute_at(..., preserve_unit_loops=True)`` creates."""
-    return list(sch.get_loops(block))[-len(sch.get(block).iter_vars):]
+        return cls(vectors=largest_divisor(per, 8), norm_tile=_vector_tile(inner, p.lanes, 4),
+                   tasks=largest_divisor(groups, 4 * p.cores))
 
 
 def _vector_width(extent: int, lanes: int) -> int:
@@ -316,13 +233,13 @@ def _vector_width(extent: int, lanes: int) -> int:
     odd vector lengths poorly)."""
     if extent % lanes == 0:
         return lanes
-    return max(d for d in _divisors(extent, lanes) if d & (d - 1) == 0)
+    return max(d for d in divisors(extent, lanes) if d & (d - 1) == 0)
 
 
 def _split_tile(sch: tvm.s_tir.Schedule, loop, vectors, v: int) -> list:
     """``loop`` split into ``[outer,] vectors, v``: tiles of ``vectors`` (None: the whole loop)
     vectors of ``v`` lanes."""
-    ext = _extent(sch, loop)
+    ext = extent(sch, loop)
     if vectors is None:
         return list(sch.split(loop, [ext // v, v]))
     return list(sch.split(loop, [None, vectors, v]))
@@ -330,7 +247,7 @@ def _split_tile(sch: tvm.s_tir.Schedule, loop, vectors, v: int) -> list:
 
 def _vector_pass(sch: tvm.s_tir.Schedule, blocks: list, spatial: list, red: int, vectors,
                  v: int) -> None:
-    """One vectorized pass of sibling reduction blocks with the same loops (``_iter_loops``
+    """One vectorized pass of sibling reduction blocks with the same loops (``iter_loops``
     positions ``spatial`` and ``red``): the reduction loop goes outside the spatial ones, the last
     spatial loop is cut into tiles of ``vectors`` unrolled vectors of ``v`` lanes (None: the whole
     loop), the
@@ -338,7 +255,7 @@ def _vector_pass(sch: tvm.s_tir.Schedule, blocks: list, spatial: list, red: int,
     hoisted."""
     nests = []
     for blk in blocks:
-        loops = _iter_loops(sch, blk)
+        loops = iter_loops(sch, blk)
         sp = [loops[k] for k in spatial]
         sp[-1:] = _split_tile(sch, sp[-1], vectors, v)
         sch.reorder(loops[red], *sp)
@@ -349,7 +266,7 @@ def _vector_pass(sch: tvm.s_tir.Schedule, blocks: list, spatial: list, red: int,
     sch.vectorize(merged[-1])
     sch.unroll(merged[-2])
     for blk in blocks:
-        _vectorize_innermost(sch, sch.decompose_reduction(blk, merged[0]))
+        vectorize_innermost(sch, sch.decompose_reduction(blk, merged[0]))
 
 
 def _lane_partials(sch: tvm.s_tir.Schedule, blocks: list, lanes: int) -> list:
@@ -357,7 +274,7 @@ def _lane_partials(sch: tvm.s_tir.Schedule, blocks: list, lanes: int) -> list:
     returns the partial-sum blocks (iters: lane, the block's spatial iters, the serial part), or
     ``[]`` when the axis has no divisor of at least 2 up to ``lanes``. Must run before the blocks
     are moved under a loop that holds other blocks."""
-    lanes = _largest_divisor(_extent(sch, sch.get_loops(blocks[0])[-1]), lanes)
+    lanes = largest_divisor(extent(sch, sch.get_loops(blocks[0])[-1]), lanes)
     if lanes < 2:
         return []
     out = []
@@ -395,14 +312,14 @@ def _schedule_stats_rows(sch: tvm.s_tir.Schedule, st: dict, n_outer: int, vector
     sch.parallel(row)
     sch.vectorize(g_v)
     sch.unroll(g_u)
-    _vectorize_innermost(sch, sch.decompose_reduction(cm, i))
+    vectorize_innermost(sch, sch.decompose_reduction(cm, i))
     n = len(sch.get(cm).iter_vars)  # rows..., j, g, the chunk's values
     _vector_pass(sch, [st["chunk", "lo"], st["chunk", "sq"]], [n - 2], n - 1, None, v)
     for kinds in (["mean"], ["lo", "sq"]):
         _vector_pass(sch, [st["group", k] for k in kinds], [n - 3], n - 2, vectors, v)
     for rfs in partials.values():
         if rfs:  # iters: lane, rows..., the serial part
-            _vector_pass(sch, rfs, [0], n - 2, None, _extent(sch, _iter_loops(sch, rfs[0])[0]))
+            _vector_pass(sch, rfs, [0], n - 2, None, extent(sch, iter_loops(sch, rfs[0])[0]))
     return row
 
 
@@ -424,7 +341,7 @@ def _schedule_stats_channels_last(sch: tvm.s_tir.Schedule, st: dict, vectors, v:
     sch.parallel(g_task)
     sch.vectorize(c_v)
     sch.unroll(c_u)
-    _vectorize_innermost(sch, sch.decompose_reduction(cm, i))
+    vectorize_innermost(sch, sch.decompose_reduction(cm, i))
     chunk_dev = [st["chunk", "lo"], st["chunk", "sq"]]
     _vector_pass(sch, chunk_dev, [1, 2], 3, vectors, v)                         # j, g, c, i
     for kinds in (["mean"], ["lo", "sq"]):
@@ -437,7 +354,7 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     p = cpu_params(target)
     blocks = op_blocks(sch, anchor)
     norm = blocks["bn_norm"]
-    axis = _channel_position(sch, norm)
+    axis = channel_position(sch, norm)
     inline_consumers(sch, norm)
     shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars]
     st = stats_blocks(blocks, "bn")
@@ -445,11 +362,11 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
         "bn_batch_mean", "bn_batch_var", "bn_running_mean", "bn_running_var") if b in blocks]
     if axis < len(shape) - 1:  # channel-major: (C, G, K) statistics, one task per channel
         inner = math.prod(shape[axis + 1:])
-        fast = _extent(sch, sch.get_loops(st["chunk", "mean"])[2])  # the groups K
+        fast = extent(sch, sch.get_loops(st["chunk", "mean"])[2])  # the groups K
         cfg = NormStatsConfig.default(fast, inner, 1, p)
         cands = NormStatsConfig.candidates(fast, inner, 1, p)
-        vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
-        nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+        vectors = knob(sch, tunable, cands["vectors"], cfg.vectors)
+        nt = knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
         _schedule_stats_rows(sch, st, 1, vectors, _vector_width(fast, p.lanes), p.lanes,
                              [blocks[n] for n in per_channel + ["bn_norm"]])
         after = sch.get_loops(norm)[1 + axis:]  # the data's axes after the channel
@@ -460,14 +377,14 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
 
     # channels last: (G, K, C) statistics vectorized over channels
     chans = shape[axis]
-    _, groups, _, chunk = (_extent(sch, lp) for lp in sch.get_loops(st["chunk", "mean"]))
+    _, groups, _, chunk = (extent(sch, lp) for lp in sch.get_loops(st["chunk", "mean"]))
     cfg = NormStatsConfig.default(chans, chans, groups, p)
     cands = NormStatsConfig.candidates(chans, chans, groups, p)
-    vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
-    nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
-    tasks = _knob(sch, tunable, cands["tasks"], cfg.tasks)
+    vectors = knob(sch, tunable, cands["vectors"], cfg.vectors)
+    nt = knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+    tasks = knob(sch, tunable, cands["tasks"], cfg.tasks)
     # groups per step: their chunks (b rows of all channels) stay in half the L1 cache
-    positions = 1 if tunable else _largest_divisor(
+    positions = 1 if tunable else largest_divisor(
         groups // cfg.tasks, max(1, p.l1_bytes // 2 // (4 * chans * chunk)))
     _schedule_stats_channels_last(sch, st, vectors, _vector_width(chans, p.lanes), tasks,
                                   positions)
@@ -485,13 +402,13 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     inline_consumers(sch, norm)
     st = stats_blocks(blocks, "ln")
     n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3  # rows..., j, g, the chunk's values
-    groups = _extent(sch, sch.get_loops(st["chunk", "mean"])[n_rows + 1])
+    groups = extent(sch, sch.get_loops(st["chunk", "mean"])[n_rows + 1])
     cols_shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars[n_rows:]]
     fast = groups
     cfg = NormStatsConfig.default(fast, math.prod(cols_shape), 1, p)
     cands = NormStatsConfig.candidates(fast, math.prod(cols_shape), 1, p)
-    vectors = _knob(sch, tunable, cands["vectors"], cfg.vectors)
-    nt = _knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
+    vectors = knob(sch, tunable, cands["vectors"], cfg.vectors)
+    nt = knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
     _schedule_stats_rows(sch, st, n_rows, vectors, _vector_width(fast, p.lanes), p.lanes,
                          [blocks[n] for n in ("ln_rstd", "ln_norm", "ln_mean_out", "ln_rstd_out")
                           if n in blocks])
@@ -523,7 +440,7 @@ def _schedule_bn_infer(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     p = cpu_params(target)
     blocks = op_blocks(sch, anchor)
     norm = blocks["bn_norm"]
-    axis = _channel_position(sch, norm)
+    axis = channel_position(sch, norm)
     inline_consumers(sch, norm)
     loops = sch.get_loops(norm)
     if axis < len(loops) - 1:
@@ -532,9 +449,9 @@ def _schedule_bn_infer(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
         outer, inner = loops[:-1], loops[-1:]
     o = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     i = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-    ext = _extent(sch, i)
+    ext = extent(sch, i)
     cfg = BatchNormInferConfig.default(ext, p)
-    vt = _knob(sch, tunable, _vector_candidates(ext, p.lanes, 8), cfg.vec_tile)
+    vt = knob(sch, tunable, _vector_candidates(ext, p.lanes, 8), cfg.vec_tile)
     i0, i1 = sch.split(i, [None, vt])
     sch.parallel(o)
     sch.vectorize(i1)

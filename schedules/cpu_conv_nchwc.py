@@ -23,7 +23,7 @@ come from memory once a network run, are read at an even rate over the whole tas
   reduction over all input channels).
 
 :class:`NchwcConvConfig` holds the knobs; :meth:`NchwcConvConfig.default` derives them from the
-target (:class:`~topi_bn.schedules.cpu.CpuParams`: lanes, vector registers, cores) and the
+target (:class:`~topi_bn.schedules.helpers.CpuParams`: lanes, vector registers, cores) and the
 conv's shape. With ``tunable=True`` each knob is a ``sample_perfect_tile`` (channel blocks, rows)
 or ``sample_categorical`` (tile width, unroll) whose initial decision is the default, so the
 design space's own trace is the untuned schedule. The tile width need not divide OW: the last
@@ -45,8 +45,10 @@ import tvm
 from tvm.target import Target
 
 from .common import inline_consumers, op_blocks
+from .helpers import cpu_params, divisors, extent, knob, tile
 
-__all__ = ["NchwcConvConfig", "NchwcShape", "schedule_conv_nchwc", "vectorize_channel_params"]
+__all__ = ["NchwcConvConfig", "NchwcShape", "nchwc_shape", "schedule_conv_nchwc",
+           "vectorize_channel_params"]
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,6 @@ class NchwcShape:
     depthwise: bool
     in_elems: int = 0
     weight_elems: int = 0
-
-
-def _divisors(n: int, limit: int | None = None) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
 
 
 @dataclass(frozen=True)
@@ -136,11 +134,11 @@ class NchwcConvConfig:
             # no input reuse across channel blocks: one block, a long row of positions (a
             # divisor of OW when one comes close), several rows per task
             most = cls.max_positions(s, p, 1)
-            tw = max(d for d in _divisors(s.out_w, most))
+            tw = max(d for d in divisors(s.out_w, most))
             if 2 * tw <= most and s.out_w > most:
                 tw = most
             rows = 1
-            for r in _divisors(s.out_h, 8):
+            for r in divisors(s.out_h, 8):
                 if s.oc_chunks * (s.out_h // r) >= 4 * p.cores:
                     rows = r
             return cls(oc_blocks=1, tile_h=1, tile_w=tw, task_rows=rows)
@@ -163,9 +161,9 @@ class NchwcConvConfig:
         the 1x1 160->960 conv at 7x7 11% slower than 1 block x 7); else it costs
         :data:`PARTIAL_TILE_PENALTY` times more."""
         best = None
-        for kt in _divisors(s.oc_chunks, cls.max_oc_blocks(s)):
+        for kt in divisors(s.oc_chunks, cls.max_oc_blocks(s)):
             most = cls.max_positions(s, p, kt)
-            for th in _divisors(s.out_h, min(4, most)):
+            for th in divisors(s.out_h, min(4, most)):
                 for tw in range(1, most // th + 1):
                     rest = s.out_w % tw
                     if remainder_loop and rest and kt * (th * tw + 1) + 1 >= p.vector_registers:
@@ -232,36 +230,9 @@ def _tile_cost(kt: int, th: int, tw: int, out_w: int,
     return cycles / (kt * th * out_w / 2.0) * (partial_penalty if rest else 1.0)
 
 
-def _knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates, default: int):
-    """``default`` untuned; else a ``sample_categorical`` over ``candidates`` whose initial
-    decision is ``default`` (the design space's trace is the untuned schedule)."""
-    cands = sorted(set(int(c) for c in candidates) | {int(default)})
-    if not tunable or len(cands) == 1:
-        return int(default)
-    return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands),
-                                  decision=cands.index(int(default)))
-
-
-def _tile(sch: tvm.s_tir.Schedule, tunable: bool, loop, factors: list, max_inner: int):
-    """Split factors of ``loop``: ``factors`` (``None`` first) untuned; else a
-    ``sample_perfect_tile`` into as many parts, innermost at most ``max_inner``, whose initial
-    decision is ``factors``."""
-    if not tunable:
-        return factors
-    extent = _extent(sch, loop)
-    inner = 1
-    for f in factors[1:]:
-        inner *= f
-    decision = [extent // inner] + [int(f) for f in factors[1:]]
-    return sch.sample_perfect_tile(loop, n=len(factors), max_innermost_factor=max(
-        max_inner, factors[-1]), decision=decision)
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
-def _shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:
+def nchwc_shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:
+    """The :class:`NchwcShape` of the blocked conv whose blocks are ``conv`` and ``act`` (its
+    ``bn_act`` epilogue)."""
     _, ko, oh, ow, kb = (int(iv.dom.extent) for iv in sch.get(act).iter_vars)
     red = [int(iv.dom.extent) for iv in sch.get(conv).iter_vars if int(iv.iter_type) == 2]
     if depthwise:
@@ -286,24 +257,22 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     """Schedule the blocked conv whose ``conv`` block is ``conv`` (see the module docstring).
 
     ``config`` overrides the default knobs of an untuned schedule (for experiments)."""
-    from .cpu import cpu_params
-
     p = cpu_params(target)
     blocks = op_blocks(sch, conv)
     act = blocks["bn_act"]
     inline_consumers(sch, act)
-    s = _shape(sch, conv, act, depthwise)
+    s = nchwc_shape(sch, conv, act, depthwise)
     cfg = config or NchwcConvConfig.default(s, p)
     most = NchwcConvConfig.max_positions(s, p, 1)
-    unroll = _knob(sch, tunable, [0, 16, 64], cfg.unroll)
+    unroll = knob(sch, tunable, [0, 16, 64], cfg.unroll)
 
     n, ko, oh, ow, kb = sch.get_loops(act)
-    ko_o, ko_i = sch.split(ko, _tile(sch, tunable, ko, [None, cfg.oc_blocks],
+    ko_o, ko_i = sch.split(ko, tile(sch, tunable, ko, [None, cfg.oc_blocks],
                                      NchwcConvConfig.max_oc_blocks(s)))
     mult = cfg.task_rows // cfg.tile_h
-    oh_o, oh_m, oh_i = sch.split(oh, _tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
+    oh_o, oh_m, oh_i = sch.split(oh, tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
     # any tile width (not only divisors of OW): the last tile may be partial
-    tw = _knob(sch, tunable, range(1, most + 1), cfg.tile_w)
+    tw = knob(sch, tunable, range(1, most + 1), cfg.tile_w)
     ow_o, ow_i = sch.split(ow, [None, tw])
     outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
     sch.reorder(n, *outer, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
@@ -346,7 +315,7 @@ def vectorize_channel_params(sch: tvm.s_tir.Schedule, blocks: dict, lanes: int) 
     for name in ("bn_scale", "bn_shift"):
         if name in blocks:
             (k,) = sch.get_loops(blocks[name])
-            if _extent(sch, k) % lanes == 0:
+            if extent(sch, k) % lanes == 0:
                 sch.vectorize(sch.split(k, [None, lanes])[1])
 
 

@@ -14,7 +14,7 @@ Three parallel passes, each over data that stays in the caches a thread works on
   ``A^T M`` then ``(.) A`` unrolled, then BN, residual and activation before the only store.
 
 :class:`WinogradConfig` holds the knobs; its default reads the vector registers from the target
-(:func:`~topi_bn.schedules.cpu.cpu_params`). ``tile_block`` is also the compute's padding of
+(:func:`~topi_bn.schedules.helpers.cpu_params`). ``tile_block`` is also the compute's padding of
 the tile count (:func:`winograd_tile_block`, which the graph pass asks per conv), so a register
 tile is never partial.
 """
@@ -26,7 +26,8 @@ import tvm
 from tvm.target import Target
 
 from .common import inline_consumers, op_blocks
-from .cpu_conv_nchwc import _divisors, _extent, _knob, _tile, vectorize_channel_params
+from .cpu_conv_nchwc import vectorize_channel_params
+from .helpers import cpu_params, divisors, extent, knob, loops_under, tile
 
 __all__ = ["WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
 
@@ -63,9 +64,9 @@ class WinogradConfig:
 
     @classmethod
     def default(cls, p, oc_chunks: int, padded_tiles: int) -> "WinogradConfig":
-        kt = max(_divisors(oc_chunks, cls.preferred_oc_blocks(p)))
+        kt = max(divisors(oc_chunks, cls.preferred_oc_blocks(p)))
         most = cls.positions(p, kt)
-        return cls(oc_blocks=kt, tile_block=max(_divisors(padded_tiles, most)))
+        return cls(oc_blocks=kt, tile_block=max(divisors(padded_tiles, most)))
 
 
 def winograd_tile_block(target: Target, tiles: int) -> int:
@@ -74,8 +75,6 @@ def winograd_tile_block(target: Target, tiles: int) -> int:
     one that pads the fewest zero tiles (ties: the largest). Zen 3, ResNet's layers: 196 tiles
     (56x56) in blocks of 4, 49 in blocks of 5 ran 5-8% faster than in blocks of 6 (2% and 10%
     padding)."""
-    from .cpu import cpu_params
-
     p = cpu_params(target)
     most = WinogradConfig.positions(p, WinogradConfig.preferred_oc_blocks(p))
     return min(range(most, max(1, most - 2) - 1, -1), key=lambda t: -(-tiles // t) * t)
@@ -85,8 +84,6 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
                            config: WinogradConfig | None = None) -> None:
     """Schedule the Winograd conv whose products are block ``gemm`` (see the module
     docstring). ``config`` overrides the default knobs of an untuned schedule."""
-    from .cpu import cpu_params
-
     p = cpu_params(target)
     blocks = op_blocks(sch, gemm)
     act = blocks["bn_act"]
@@ -119,13 +116,13 @@ def _input_transform(sch, blocks) -> None:
 
 def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
     eps, nu, k, t, ki, rco, rci = sch.get_loops(gemm)
-    ko, kt = sch.split(k, _tile(sch, tunable, k, [None, cfg.oc_blocks], 4))
+    ko, kt = sch.split(k, tile(sch, tunable, k, [None, cfg.oc_blocks], 4))
     most = WinogradConfig.positions(p, 1)
-    to, tt = sch.split(t, _tile(sch, tunable, t, [None, cfg.tile_block], most))
+    to, tt = sch.split(t, tile(sch, tunable, t, [None, cfg.tile_block], most))
     sch.reorder(eps, nu, ko, to, rco, rci, tt, kt, ki)
     task = sch.fuse(eps, nu, ko)
     sch.parallel(task)
-    unroll = _knob(sch, tunable, [0, 16, 64], cfg.unroll)
+    unroll = knob(sch, tunable, [0, 16, 64], cfg.unroll)
     sch.annotate(task, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(task, "pragma_unroll_explicit", 1)
     acc = sch.cache_write(gemm, 0, "local")
@@ -135,15 +132,15 @@ def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
     sch.vectorize(ki)
     init = sch.decompose_reduction(gemm, rco)
     for block in (init, acc):
-        *tile, lanes = _loops_under(sch, block, to)
-        for lp in tile:
+        *tile_loops, lanes = loops_under(sch, block, to)
+        for lp in tile_loops:
             sch.unroll(lp)
         sch.vectorize(lanes)
 
 
 def _output_transform(sch, blocks) -> None:
     act, y, tout = blocks["bn_act"], blocks["wino_y"], blocks["wino_out"]
-    m = _extent(sch, sch.get_loops(tout)[0])
+    m = extent(sch, sch.get_loops(tout)[0])
     n, k, oy, ox, ki = sch.get_loops(act)
     oy_o, oy_i = sch.split(oy, [None, m])
     ox_o, ox_i = sch.split(ox, [None, m])
@@ -155,15 +152,9 @@ def _output_transform(sch, blocks) -> None:
         sch.unroll(lp)
     sch.vectorize(ki)
     for block in (y, tout):
-        *spatial, lanes, red = _loops_under(sch, block, ox_o)
+        *spatial, lanes, red = loops_under(sch, block, ox_o)
         sch.reorder(*spatial, red, lanes)
         for lp in (*spatial, red):
             sch.unroll(lp)
         sch.vectorize(lanes)
 
-
-def _loops_under(sch, block, loop) -> list:
-    """The loops of ``block`` inside ``loop`` (where it was computed at), outermost first."""
-    loops = sch.get_loops(block)
-    at = [sch.get(lp).same_as(sch.get(loop)) for lp in loops].index(True)
-    return loops[at + 1:]

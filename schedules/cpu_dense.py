@@ -21,6 +21,7 @@ import tvm
 from tvm.target import Target
 
 from .common import sole_reduction
+from .helpers import cpu_params
 
 __all__ = ["schedule_matvec", "matvec_block"]
 
@@ -69,8 +70,6 @@ def _tile(n: int, lanes: int, cores: int) -> int:
 def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is a matched product (module docstring);
     returns whether it did."""
-    from .cpu import cpu_params
-
     b = matvec_block(sch)
     if b is None:
         return False

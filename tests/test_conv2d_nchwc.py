@@ -516,11 +516,11 @@ def test_tuning_a_network_group_brings_the_blocked_kernels_of_the_target(target,
 def _conv_shape(func):
     """The :class:`NchwcShape` the schedule reads from the blocks of ``func`` (not depthwise)."""
     from topi_bn.schedules.common import op_blocks
-    from topi_bn.schedules.cpu_conv_nchwc import _shape
+    from topi_bn.schedules.cpu_conv_nchwc import nchwc_shape
 
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     conv = sch.get_sblock("conv")
-    return _shape(sch, conv, op_blocks(sch, conv)["bn_act"], depthwise=False)
+    return nchwc_shape(sch, conv, op_blocks(sch, conv)["bn_act"], depthwise=False)
 
 
 @pytest.mark.parametrize("target_name,block", [("x86-avx2", 8), ("x86-avx512", 16), ("arm", 4)])
@@ -530,7 +530,7 @@ def test_default_tiles_divide_the_output_width(target_name, block):
     tile in a loop of its own): TVM 0.27 does not peel a partial last tile off, its predicates
     stay in the reduction loop, and such tiles ran the layers 2.1-2.9x slower on Zen 3."""
     from topi_bn import workloads
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
     from topi_bn.tuning import workload_prim_func
 
@@ -555,7 +555,7 @@ def test_default_tile_prefers_fewer_channel_blocks_at_equal_cost():
     """On a 14-wide map (AVX2), 2 blocks x 2x2 positions and 4 blocks x 1x2 have the same
     estimated cost and size; the default takes the one that streams the smaller weight slice
     (5-12% faster on the ResNet-50 layers at 14x14)."""
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig, NchwcShape
 
     p = cpu_params(resolve_target("x86-avx2"))
@@ -618,7 +618,7 @@ def test_input_blocks_outermost_on_small_maps_only():
     (the 1x1 stride-2 conv with 1024 input channels at 14x14) or the output of a task not in
     half the L1 (28x28 maps)."""
     from topi_bn import workloads
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
     from topi_bn.tuning import workload_prim_func
 

@@ -203,7 +203,7 @@ def test_default_schedule_on_every_cpu_target(target_name, lanes, rng):
     the products' register tile fits the target's registers, and the module compiles for the
     target; it runs (against the reference) only where this CPU can."""
     from topi_bn.schedules import apply_default_schedules
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_winograd import WinogradConfig, winograd_tile_block
 
     target = resolve_target(target_name)

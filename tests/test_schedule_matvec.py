@@ -41,7 +41,7 @@ def _schedule(func):
 def test_scheduled_classifier_matches_float64(m, k, n, relu):
     """Rows of the weight split over the cores (K a multiple of them: a partial-sum block,
     ``rfactor``), else tiles over N; both against float64."""
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
 
     func = _classifier(m, k, n, relu=relu)
     sch, done = _schedule(func)

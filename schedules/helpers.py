@@ -1,0 +1,160 @@
+"""Helpers shared by the schedule rules: the knob sampler, divisors, loop queries, and the CPU
+parameters read from a target.
+
+Every rule module imports these from here and from nowhere else, so a knob behaves the same in
+every template:
+
+- :func:`knob` / :func:`tile`: a knob is its default in an untuned schedule
+  (``tunable=False``); in a template (``tunable=True``) it is a ``sample_categorical`` /
+  ``sample_perfect_tile`` instruction whose initial decision is that default, so the trace of a
+  template, before MetaSchedule mutates it, is the untuned schedule.
+- :class:`CpuParams` / :func:`cpu_params`: what the CPU defaults are derived from (vector lanes,
+  vector registers, cores), read from the target so that x86 and ARM share the CPU rules.
+
+This module imports no other module of :mod:`topi_bn.schedules`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import tvm
+from tvm.target import Target
+
+from topi_bn.targets import num_cores, vector_bits, vector_lanes
+
+__all__ = [
+    "CpuParams", "cpu_params", "divisors", "largest_divisor", "extent", "loops_under",
+    "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile",
+]
+
+
+# -- what a CPU target tells us -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CpuParams:
+    """The machine facts the CPU defaults are derived from.
+
+    Attributes
+    ----------
+    lanes : int
+        float32 elements per SIMD register (16 with AVX-512, 8 with AVX2, 4 with NEON).
+    cores : int
+        Parallel tasks worth creating (the target's ``num-cores``).
+    vector_registers : int
+        Architectural SIMD registers (32 with AVX-512 and aarch64, 16 with AVX2/SSE).
+    l1_bytes, l2_bytes : int
+        Per-core data cache sizes used to size cache blocks.
+    """
+
+    lanes: int
+    cores: int
+    vector_registers: int
+    l1_bytes: int = 32 * 1024
+    l2_bytes: int = 1024 * 1024
+
+    @property
+    def accumulators(self) -> int:
+        """Vector registers a register tile may hold, leaving some for operands."""
+        return self.vector_registers - max(4, self.vector_registers // 8)
+
+
+def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
+               l2_bytes: int = 1024 * 1024) -> CpuParams:
+    """:class:`CpuParams` of a CPU ``target``; cache sizes are parameters (LLVM targets do not
+    carry them)."""
+    aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
+    regs = 32 if aarch64 or vector_bits(target) >= 512 else 16
+    return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
+                     vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
+
+
+# -- divisors -------------------------------------------------------------------------------------
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """The divisors of ``n`` (at most ``limit``), ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 when ``limit`` < 1)."""
+    return max(divisors(n, max(1, limit)))
+
+
+# -- loops ----------------------------------------------------------------------------------------
+def extent(sch: tvm.s_tir.Schedule, loop) -> int:
+    """The (static) extent of ``loop``."""
+    return int(sch.get(loop).extent)
+
+
+def loops_under(sch: tvm.s_tir.Schedule, block, loop) -> list:
+    """The loops of ``block`` nested inside ``loop`` (e.g. where it was computed at), outermost
+    first.
+
+    Raises
+    ------
+    ValueError
+        ``block`` is not under ``loop``.
+    """
+    loops = list(sch.get_loops(block))
+    at = sch.get(loop)
+    for i, lp in enumerate(loops):
+        if sch.get(lp).same_as(at):
+            return loops[i + 1:]
+    raise ValueError(f"block {sch.get(block).name_hint} is not under the given loop")
+
+
+def iter_loops(sch: tvm.s_tir.Schedule, block) -> list:
+    """The innermost loops of ``block``, one per block iter in iter order: what
+    ``(reverse_)compute_at(..., preserve_unit_loops=True)`` creates."""
+    return list(sch.get_loops(block))[-len(sch.get(block).iter_vars):]
+
+
+def vectorize_innermost(sch: tvm.s_tir.Schedule, block) -> None:
+    """Vectorize the innermost loop of ``block`` (when it has loops)."""
+    loops = sch.get_loops(block)
+    if loops:
+        sch.vectorize(loops[-1])
+
+
+def channel_position(sch: tvm.s_tir.Schedule, block) -> int:
+    """Index of the block iter that indexes the block's 1-D (per-channel) reads.
+
+    Raises
+    ------
+    ValueError
+        The block has no per-channel read.
+    """
+    blk = sch.get(block)
+    iters = [iv.var for iv in blk.iter_vars]
+    for region in blk.reads:
+        if len(region.source.shape) == 1:
+            idx = region.region[0].min
+            for i, v in enumerate(iters):
+                if idx.same_as(v):
+                    return i
+    raise ValueError(f"block {blk.name_hint}: no per-channel read")
+
+
+# -- knobs ----------------------------------------------------------------------------------------
+def knob(sch: tvm.s_tir.Schedule, tunable: bool, candidates: Sequence[int], default: int):
+    """A categorical knob: ``default`` untuned; else a ``sample_categorical`` over
+    ``candidates`` and ``default`` (uniform) whose initial decision is ``default``. A knob with
+    one choice is that choice (no instruction)."""
+    cands = sorted(set(int(c) for c in candidates) | {int(default)})
+    if not tunable or len(cands) == 1:
+        return int(default)
+    return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands),
+                                  decision=cands.index(int(default)))
+
+
+def tile(sch: tvm.s_tir.Schedule, tunable: bool, loop, factors: list, max_inner: int):
+    """Split factors of ``loop``: ``factors`` (``None`` first, the others dividing the extent)
+    untuned; else a ``sample_perfect_tile`` into as many parts, innermost at most ``max_inner``
+    (or the default's innermost, if larger), whose initial decision is ``factors``."""
+    if not tunable:
+        return factors
+    inner = 1
+    for f in factors[1:]:
+        inner *= f
+    decision = [extent(sch, loop) // inner] + [int(f) for f in factors[1:]]
+    return sch.sample_perfect_tile(loop, n=len(factors), max_innermost_factor=max(
+        max_inner, factors[-1]), decision=decision)
