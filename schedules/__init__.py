@@ -1,13 +1,28 @@
 """Per-target schedules of topi-bn (installed as ``topi_bn.schedules``).
 
-``common`` holds the contract between computes, MetaSchedule and the build; ``cpu`` the CPU
-schedules shared by x86 and ARM (knobs read from the target); ``x86``, ``arm`` and ``cuda``
-register them for their target keys.
+Start at :mod:`.rules`: its ``RULES`` holds one rule table per target family (``cpu`` for x86
+and ARM, ``cuda``), its docstring says where each schedule is chosen and how to add a rule, and
+its functions are the one way in for builds, legalization, benchmarks and the tuner.
+
+- ``rules.py``: the tables, :func:`schedule_function`, :func:`apply_default_schedules`,
+  :func:`template_space`, the MetaSchedule rule registration;
+- ``common.py``: the contract: what a rule is (``ScheduleRule``), the ops' anchor blocks, the
+  block analysis rules share;
+- ``helpers.py``: the knob sampler (a template's trace starts at the defaults), divisors, loop
+  queries, ``CpuParams`` read from a CPU target;
+- ``cpu.py``: CPU rules of the NCHW / NHWC conv, batch-norm (training, inference), layer_norm;
+  ``cpu_conv_nchwc.py``, ``cpu_conv_winograd.py``: the blocked conv and its Winograd form;
+  ``cpu_dense.py``, ``cpu_pool.py``, ``cpu_layout.py``: TVM's classifier product, pools and
+  edge layout transforms in a network;
+- ``cuda.py``: the CUDA rules.
+
+Importing the package registers the MetaSchedule rules ``s_tir.meta_schedule.<key>.topi_bn.<op>``
+(keys ``cpu``, ``arm_cpu``, ``cuda``, ``gpu``).
 """
-from . import arm, cuda, x86  # noqa: F401  (register the arm_cpu, cuda/gpu and cpu rules)
-from .common import (
-    apply_default_schedules, has_topi_bn_blocks, strip_rules, target_scope, template_space,
+from .common import has_topi_bn_blocks, strip_rules
+from .rules import (
+    RULES, apply_default_schedules, schedule_function, schedule_op, target_scope, template_space,
 )
 
-__all__ = ["apply_default_schedules", "has_topi_bn_blocks", "strip_rules", "target_scope",
-           "template_space"]
+__all__ = ["RULES", "apply_default_schedules", "has_topi_bn_blocks", "schedule_function",
+           "schedule_op", "strip_rules", "target_scope", "template_space"]

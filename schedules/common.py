@@ -1,45 +1,26 @@
-"""How schedules meet computes, MetaSchedule and the build; shared by every target family.
+"""The contract between the computes and the schedule rules, shared by every target family.
 
 The computes tag every block of an op with ``schedule_rule = "topi_bn.<op>"``. One block per op
-is its *anchor* (the conv reduction, the normalization); a family module (``cpu``, ``cuda``)
-schedules the whole op when it is handed the anchor, and does nothing for the op's other blocks.
+is its *anchor* (the conv reduction, the normalization: :data:`ANCHORS`); the rule that
+schedules the op (a :class:`ScheduleRule` of the target family's table in
+:mod:`topi_bn.schedules.rules`) is handed the anchor and schedules the whole op, finding the
+op's other blocks with :func:`op_blocks`.
 
-A family module provides::
-
-    def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor: SBlockRV, target: Target,
-                    tunable: bool) -> None
-
-``op`` is one of :data:`ANCHORS`' keys. With ``tunable=True`` knobs are ``sch.sample_*``
-instructions (MetaSchedule tunes them); with ``tunable=False`` they are the family's defaults
-derived from ``target`` (an untuned build).
-
-Three ways in:
-
-- :func:`apply_default_schedules` — untuned build: every PrimFunc holding topi-bn blocks is
-  scheduled with the defaults and marked ``tirx.is_scheduled``.
-- :func:`template_space` — the ``template`` search space of ``topi-bn tune``: a MetaSchedule
-  ``ScheduleFn`` bound to the target.
-- :func:`register_family` — registers ``s_tir.meta_schedule.<key>.topi_bn.<op>`` so a plain
-  MetaSchedule ``post-order-apply`` run (``ms.tune_tir``, ``tune_relax``) uses our templates.
-  MetaSchedule does not make the target current while it calls such a rule, so the target comes
-  from :func:`target_scope` (set by ``topi-bn tune``), else ``Target.current()``, else the
-  key's default.
+Here: :class:`ScheduleRule` (what a rule is), :data:`ANCHORS`, and the block analysis the rules
+share (:func:`op_blocks`, :func:`stats_blocks`, :func:`inline_consumers`, :func:`sole_reduction`,
+...). The rule tables and the entry functions (untuned build, tuning template, MetaSchedule
+registration) are in :mod:`topi_bn.schedules.rules`. This module imports no other module of
+:mod:`topi_bn.schedules`.
 """
 from __future__ import annotations
-
-import contextlib
-import threading
-from types import ModuleType
-from typing import Callable, Iterator
 
 import tvm
 from tvm.target import Target
 
 __all__ = [
-    "ANCHORS", "RULE_PREFIX", "topi_bn_blocks", "schedule_function", "apply_default_schedules",
-    "template_space", "strip_rules", "register_family", "target_scope", "family_for",
-    "has_topi_bn_blocks", "block_rule", "base_name", "op_blocks", "inline_consumers",
-    "OUTPUT_BLOCKS", "CPU_ONLY_OPS", "stats_blocks", "sole_reduction",
+    "ScheduleRule", "ANCHORS", "RULE_PREFIX", "CPU_ONLY_OPS", "OUTPUT_BLOCKS", "op_of",
+    "is_anchor", "block_rule", "base_name", "block_names", "topi_bn_blocks", "has_topi_bn_blocks",
+    "op_blocks", "stats_blocks", "inline_consumers", "strip_rules", "sole_reduction",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -59,11 +40,55 @@ ANCHORS = {
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)
 CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc")
 
-_FAMILIES: dict[str, ModuleType] = {}
-_scope = threading.local()
+
+class ScheduleRule:
+    """A schedule rule: how one op family is scheduled on one target family.
+
+    A rule is a small class with two class attributes and one method; an instance goes into the
+    target family's table, :data:`topi_bn.schedules.rules.RULES`.
+
+    Attributes
+    ----------
+    name : str
+        ``"<family>.<what>"``, for messages (``"cpu.conv_nchwc"``).
+    ops : tuple of str
+        The topi-bn ops (``schedule_rule`` annotations without ``"topi_bn."``) whose anchor
+        block the rule schedules: the table hands it every anchor of these ops. Empty for a rule
+        on one of TVM's own ops (a pool, the classifier's product), which instead is offered
+        every PrimFunc without topi-bn blocks and matches it by analysis.
+    """
+
+    name: str = ""
+    ops: tuple[str, ...] = ()
+
+    def apply(self, sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> bool:
+        """Schedule ``sch``'s function (working on it: ``sch.work_on``) for ``target``.
+
+        Parameters
+        ----------
+        sch : tvm.s_tir.Schedule
+            The function, possibly with other ops scheduled already.
+        anchor : SBlockRV or None
+            The anchor block of one of :attr:`ops`; None for a rule on TVM's own ops.
+        target : Target
+            What the defaults are read from.
+        tunable : bool
+            True: knobs are ``sch.sample_*`` instructions whose initial decisions are the
+            defaults (:func:`topi_bn.schedules.helpers.knob`), a MetaSchedule template; False:
+            the defaults, an untuned schedule.
+
+        Returns
+        -------
+        bool
+            False when the function is not the rule's (nothing is kept of ``sch`` then); True
+            when it was scheduled.
+        """
+        raise NotImplementedError
 
 
-def _rule_of(sch: tvm.s_tir.Schedule, block) -> str | None:
+def op_of(sch: tvm.s_tir.Schedule, block) -> str | None:
+    """The topi-bn op whose block ``block`` is (its ``schedule_rule`` without
+    :data:`RULE_PREFIX`), or None."""
     ann = sch.get(block).annotations.get("schedule_rule")
     if ann is None:
         return None
@@ -71,7 +96,8 @@ def _rule_of(sch: tvm.s_tir.Schedule, block) -> str | None:
     return ann[len(RULE_PREFIX):] if ann.startswith(RULE_PREFIX) else None
 
 
-def _is_anchor(sch: tvm.s_tir.Schedule, block, op: str) -> bool:
+def is_anchor(sch: tvm.s_tir.Schedule, block, op: str) -> bool:
+    """Whether ``block`` is the anchor block of ``op`` (:data:`ANCHORS`)."""
     name = sch.get(block).name_hint
     anchor = ANCHORS.get(op)
     # FuseTIR may suffix block names ("conv_1") when it fuses several ops into one PrimFunc.
@@ -151,7 +177,7 @@ def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
             break
 
 
-def _all_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:
+def block_names(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:
     """Names of the blocks under the function's root block, in program order."""
     root = sch.get_sblock("root", func_name)
     return [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
@@ -160,10 +186,10 @@ def _all_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:
 def topi_bn_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[tuple[str, object]]:
     """``(op, anchor SBlockRV)`` for every topi-bn op in the function, in program order."""
     out = []
-    for name in _all_blocks(sch, func_name):
+    for name in block_names(sch, func_name):
         block = sch.get_sblock(name, func_name)
-        op = _rule_of(sch, block)
-        if op is not None and _is_anchor(sch, block, op):
+        op = op_of(sch, block)
+        if op is not None and is_anchor(sch, block, op):
             out.append((op, block))
     return out
 
@@ -171,124 +197,18 @@ def topi_bn_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[tup
 def has_topi_bn_blocks(func: tvm.tirx.PrimFunc) -> bool:
     """Whether ``func`` holds a block of a topi-bn op."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    return any(_rule_of(sch, sch.get_sblock(n)) is not None for n in _all_blocks(sch))
-
-
-def family_for(target: Target) -> ModuleType:
-    """The family module that schedules ``target`` (``cpu`` for x86 and ARM, ``cuda``)."""
-    from topi_bn.targets import target_family
-
-    fam = "cuda" if target_family(target) == "cuda" else "cpu"
-    if fam not in _FAMILIES:
-        import importlib
-
-        importlib.import_module(f"topi_bn.schedules.{'x86' if fam == 'cpu' else 'cuda'}")
-    if fam not in _FAMILIES:
-        raise NotImplementedError(f"target: no topi-bn schedules for {target.kind.name} targets")
-    return _FAMILIES[fam]
-
-
-def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
-                      func_name: str = "main") -> bool:
-    """Schedule every topi-bn op in ``sch``'s function; False when it has none."""
-    ops = [(op, sch.get(block).name_hint) for op, block in topi_bn_blocks(sch, func_name)]
-    if not ops:
-        return False
-    family = family_for(target)
-    if family is not _FAMILIES.get("cpu"):
-        for op, _ in ops:
-            if op in CPU_ONLY_OPS:
-                raise ValueError(f"target: topi_bn.{op} (blocked channel layout) has CPU "
-                                 f"schedules only; build the NCHW kernel for {target.kind.name}")
-    sch.work_on(func_name)
-    for op, name in ops:
-        # look the anchor up by name: scheduling an earlier op may have replaced block RVs
-        family.schedule_op(op, sch, sch.get_sblock(name, func_name), target, tunable)
-    return True
-
-
-def apply_default_schedules(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """Schedule, with the target's default knobs, every PrimFunc of ``mod`` that holds topi-bn
-    blocks and is not scheduled yet; mark it ``tirx.is_scheduled`` so dlight and MetaSchedule
-    leave it alone. Other functions are returned unchanged."""
-    from topi_bn.targets import resolve_target
-
-    target = resolve_target(target)
-    updates = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is not None and \
-                func.attrs.get("tirx.is_scheduled", False):
-            continue
-        if not has_topi_bn_blocks(func):
-            continue
-        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-        schedule_function(sch, target, tunable=False)
-        updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    if not updates:
-        return mod
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
-
-
-def template_space(target: Target):
-    """MetaSchedule space generator for ``topi-bn tune --space template``: our rules with
-    sampled knobs, bound to ``target``."""
-    from tvm.s_tir import meta_schedule as ms
-
-    def fn(sch: tvm.s_tir.Schedule) -> None:
-        if not schedule_function(sch, target, tunable=True):
-            raise ValueError("template space: the function has no topi-bn blocks")
-
-    return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs="from-target",
-                                         mutator_probs="from-target")
+    return any(op_of(sch, sch.get_sblock(n)) is not None for n in block_names(sch))
 
 
 def strip_rules(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """The function without topi-bn ``schedule_rule`` annotations: what the ``auto`` space
     (MetaSchedule's generic rules, as Ansor searched) tunes."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    for name in _all_blocks(sch):
+    for name in block_names(sch):
         block = sch.get_sblock(name)
-        if _rule_of(sch, block) is not None:
+        if op_of(sch, block) is not None:
             sch.unannotate(block, "schedule_rule")
     return sch.mod["main"]
-
-
-@contextlib.contextmanager
-def target_scope(target: Target) -> Iterator[Target]:
-    """Make ``target`` the one the registered MetaSchedule rules schedule for."""
-    prev = getattr(_scope, "target", None)
-    _scope.target = target
-    try:
-        yield target
-    finally:
-        _scope.target = prev
-
-
-def _rule_target(default: Callable[[], Target]) -> Target:
-    t = getattr(_scope, "target", None) or Target.current(allow_none=True)
-    return t if t is not None else default()
-
-
-def register_family(family: ModuleType, keys: dict[str, Callable[[], Target]],
-                    name: str) -> None:
-    """Register ``family`` for target family ``name`` (``"cpu"`` or ``"cuda"``) and as the
-    MetaSchedule custom rules ``s_tir.meta_schedule.<key>.topi_bn.<op>`` for each target key,
-    ``keys`` mapping a key to its default target."""
-    import tvm_ffi
-
-    _FAMILIES[name] = family
-    for key, default in keys.items():
-        for op in ANCHORS:
-            def rule(sch, block, op=op, default=default):
-                if _rule_of(sch, block) == op and _is_anchor(sch, block, op):
-                    family.schedule_op(op, sch, block, _rule_target(default), True)
-                return [sch]
-
-            tvm_ffi.register_global_func(f"s_tir.meta_schedule.{key}.{RULE_PREFIX}{op}", rule,
-                                         override=True)
 
 
 def sole_reduction(sch: tvm.s_tir.Schedule):

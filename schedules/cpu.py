@@ -1,25 +1,26 @@
-"""CPU schedules of topi-bn, shared by x86 and ARM: every knob is read from the target.
+"""CPU schedule rules of topi-bn's own ops in the NCHW / NHWC layouts, shared by x86 and ARM
+(every knob is read from the target); they are entries of ``RULES["cpu"]`` in
+:mod:`topi_bn.schedules.rules`. One rule per op family:
 
-:func:`schedule_op` is the family entry of :mod:`topi_bn.schedules.common`. One rule per op:
+- ``conv2d_bn_relu`` (:class:`FusedConv`): a register tile of ``reg_tile x vec_tile`` outputs
+  (``vec_tile`` along the output's contiguous axis, a multiple of the target's fp32 vector lanes
+  where the extent allows; ``reg_tile`` along output channels for NCHW, output columns for NHWC)
+  accumulates over the whole reduction, then the ``bn_act`` epilogue (scale, shift, activation)
+  runs on that tile before its only store; the outer tiles are one parallel loop.
+- ``depthwise_conv2d_bn_relu`` (:class:`FusedConv`): the same tile with rows of the output as
+  the register axis (NCHW) — there is no input reuse across channels to block for.
+- ``batch_norm_train`` (:class:`BatchNormTrain`): channel-major layouts run one parallel task
+  per channel holding all three passes (sum, squared deviations, normalize) while the channel's
+  data is in cache; channels-last layouts (channel innermost) compute per-chunk partial sums in
+  parallel, vectorized over channels (``rfactor``), then combine them.
+- ``layer_norm`` (:class:`LayerNorm`): one parallel task per row, both reductions and the
+  normalization on the row while it is in cache; reductions vectorized through ``rfactor`` of a
+  lane axis.
+- ``batch_norm_infer`` (:class:`BatchNormInfer`): parallel outer loops, vectorized inner loop.
 
-- ``conv2d_bn_relu``: a register tile of ``reg_tile x vec_tile`` outputs (``vec_tile`` along the
-  output's contiguous axis, a multiple of the target's fp32 vector lanes where the extent
-  allows; ``reg_tile`` along output channels for NCHW, output columns for NHWC) accumulates
-  over the whole reduction, then the ``bn_act`` epilogue (scale, shift, activation) runs on
-  that tile before its only store; the outer tiles are one parallel loop.
-- ``depthwise_conv2d_bn_relu``: the same tile with rows of the output as the register axis
-  (NCHW) — there is no input reuse across channels to block for.
-- ``conv2d_nchwc`` / ``depthwise_conv2d_nchwc``: the blocked-layout conv, in
-  :mod:`topi_bn.schedules.cpu_conv_nchwc`.
-- ``conv2d_winograd_nchwc``: the blocked 3x3 conv by Winograd's algorithm, in
-  :mod:`topi_bn.schedules.cpu_conv_winograd`.
-- ``batch_norm_train``: channel-major layouts run one parallel task per channel holding all
-  three passes (sum, squared deviations, normalize) while the channel's data is in cache;
-  channels-last layouts (channel innermost) compute per-chunk partial sums in parallel,
-  vectorized over channels (``rfactor``), then combine them.
-- ``layer_norm``: one parallel task per row, both reductions and the normalization on the
-  row while it is in cache; reductions vectorized through ``rfactor`` of a lane axis.
-- ``batch_norm_infer``: parallel outer loops, vectorized inner loop.
+The blocked-layout convs a network build runs have rules of their own:
+:mod:`topi_bn.schedules.cpu_conv_nchwc` (``conv2d_nchwc``, ``depthwise_conv2d_nchwc``) and
+:mod:`topi_bn.schedules.cpu_conv_winograd` (``conv2d_winograd_nchwc``).
 
 With ``tunable=True`` tile sizes are ``sample_categorical`` instructions whose initial decision
 is the default (:func:`~topi_bn.schedules.helpers.knob`; MetaSchedule replays the trace); with
@@ -37,17 +38,15 @@ from dataclasses import dataclass
 import tvm
 from tvm.target import Target
 
-from .common import inline_consumers, op_blocks, stats_blocks
-from .cpu_conv_nchwc import schedule_conv_nchwc
-from .cpu_conv_winograd import schedule_conv_winograd
+from .common import ScheduleRule, inline_consumers, op_blocks, op_of, stats_blocks
 from .helpers import (
     CpuParams, channel_position, cpu_params, divisors, extent, iter_loops, knob, largest_divisor,
     vectorize_innermost,
 )
 
 __all__ = [
-    "CpuParams", "ConvConfig", "NormStatsConfig", "BatchNormInferConfig", "cpu_params",
-    "schedule_op",
+    "ConvConfig", "NormStatsConfig", "BatchNormInferConfig", "FusedConv", "BatchNormTrain",
+    "BatchNormInfer", "LayerNorm",
 ]
 
 
@@ -457,25 +456,47 @@ def _schedule_bn_infer(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     sch.vectorize(i1)
 
 
-# -- entry ----------------------------------------------------------------------------------------
-def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
-    """Schedule the topi-bn op ``op`` whose anchor block is ``anchor`` (see
-    :mod:`topi_bn.schedules.common`)."""
-    if op == "conv2d_bn_relu":
-        _schedule_conv(sch, anchor, target, tunable, depthwise=False)
-    elif op == "depthwise_conv2d_bn_relu":
-        _schedule_conv(sch, anchor, target, tunable, depthwise=True)
-    elif op in ("conv2d_nchwc", "depthwise_conv2d_nchwc"):
-        schedule_conv_nchwc(sch, anchor, target, tunable, depthwise=op.startswith("depthwise"))
-    elif op == "conv2d_winograd_nchwc":
-        schedule_conv_winograd(sch, anchor, target, tunable)
-    elif op == "batch_norm_train":
+# -- rules ----------------------------------------------------------------------------------------
+class FusedConv(ScheduleRule):
+    """conv2d / depthwise conv2d + BN + activation in NCHW or NHWC: the register tile above."""
+
+    name = "cpu.fused_conv"
+    ops = ("conv2d_bn_relu", "depthwise_conv2d_bn_relu")
+
+    def apply(self, sch, anchor, target, tunable):
+        depthwise = op_of(sch, anchor) == "depthwise_conv2d_bn_relu"
+        _schedule_conv(sch, anchor, target, tunable, depthwise=depthwise)
+        return True
+
+
+class BatchNormTrain(ScheduleRule):
+    """Training batch-norm: the blocked two-pass statistics, then the normalization."""
+
+    name = "cpu.batch_norm_train"
+    ops = ("batch_norm_train",)
+
+    def apply(self, sch, anchor, target, tunable):
         _schedule_bn_train(sch, anchor, target, tunable)
-    elif op == "batch_norm_infer":
+        return True
+
+
+class BatchNormInfer(ScheduleRule):
+    """Inference batch-norm: parallel outer loops, vectorized inner loop."""
+
+    name = "cpu.batch_norm_infer"
+    ops = ("batch_norm_infer",)
+
+    def apply(self, sch, anchor, target, tunable):
         _schedule_bn_infer(sch, anchor, target, tunable)
-    elif op == "layer_norm":
+        return True
+
+
+class LayerNorm(ScheduleRule):
+    """layer_norm: one parallel task per row, statistics and normalization on the row."""
+
+    name = "cpu.layer_norm"
+    ops = ("layer_norm",)
+
+    def apply(self, sch, anchor, target, tunable):
         _schedule_layer_norm(sch, anchor, target, tunable)
-    else:
-        raise ValueError(f"op: expected one of conv2d_bn_relu, depthwise_conv2d_bn_relu, "
-                         f"conv2d_nchwc, depthwise_conv2d_nchwc, conv2d_winograd_nchwc, "
-                         f"batch_norm_train, batch_norm_infer, layer_norm; got {op!r}")
+        return True

@@ -1,4 +1,6 @@
-"""CPU schedule of the blocked-layout conv (:mod:`topi_bn.compute.conv2d_nchwc`), x86 and ARM.
+"""CPU schedule rule of the blocked-layout conv (:mod:`topi_bn.compute.conv2d_nchwc`), x86 and
+ARM: :class:`NchwcConv`, the rule of ``RULES["cpu"]`` (:mod:`topi_bn.schedules.rules`) for the
+convs a network build runs (``topi_bn.conv2d_nchwc``, ``topi_bn.depthwise_conv2d_nchwc``).
 
 The NeoCPU / MLAS scheme: the output-channel block ``kb`` is the vector axis; a register tile of
 ``oc_blocks x tile_h x tile_w`` output vectors accumulates over the whole reduction, in the
@@ -44,10 +46,10 @@ from dataclasses import dataclass
 import tvm
 from tvm.target import Target
 
-from .common import inline_consumers, op_blocks
+from .common import ScheduleRule, inline_consumers, op_blocks, op_of
 from .helpers import cpu_params, divisors, extent, knob, tile
 
-__all__ = ["NchwcConvConfig", "NchwcShape", "nchwc_shape", "schedule_conv_nchwc",
+__all__ = ["NchwcConv", "NchwcConvConfig", "NchwcShape", "nchwc_shape", "schedule_conv_nchwc",
            "vectorize_channel_params"]
 
 
@@ -250,6 +252,18 @@ def nchwc_shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcSha
         sizes[len(shape)] = max(sizes.get(len(shape), 0), elems)
     return NchwcShape(ko, oh, ow, kb, kernel, reduction, depthwise, sizes.get(5, 0),
                       sizes.get(6, 0))
+
+
+class NchwcConv(ScheduleRule):
+    """The blocked conv and the blocked depthwise conv (module docstring)."""
+
+    name = "cpu.conv_nchwc"
+    ops = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
+
+    def apply(self, sch, anchor, target, tunable):
+        depthwise = op_of(sch, anchor) == "depthwise_conv2d_nchwc"
+        schedule_conv_nchwc(sch, anchor, target, tunable, depthwise=depthwise)
+        return True
 
 
 def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,

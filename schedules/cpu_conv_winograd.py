@@ -1,4 +1,6 @@
-"""CPU schedule of the Winograd blocked conv (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
+"""CPU schedule rule of the Winograd blocked conv (:mod:`topi_bn.compute.conv2d_winograd_nchwc`):
+:class:`WinogradConv`, the rule of ``RULES["cpu"]`` (:mod:`topi_bn.schedules.rules`) for
+``topi_bn.conv2d_winograd_nchwc``.
 
 Three parallel passes, each over data that stays in the caches a thread works on:
 
@@ -25,11 +27,11 @@ from dataclasses import dataclass
 import tvm
 from tvm.target import Target
 
-from .common import inline_consumers, op_blocks
+from .common import ScheduleRule, inline_consumers, op_blocks
 from .cpu_conv_nchwc import vectorize_channel_params
 from .helpers import cpu_params, divisors, extent, knob, loops_under, tile
 
-__all__ = ["WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
+__all__ = ["WinogradConv", "WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,17 @@ def winograd_tile_block(target: Target, tiles: int) -> int:
     p = cpu_params(target)
     most = WinogradConfig.positions(p, WinogradConfig.preferred_oc_blocks(p))
     return min(range(most, max(1, most - 2) - 1, -1), key=lambda t: -(-tiles // t) * t)
+
+
+class WinogradConv(ScheduleRule):
+    """The blocked 3x3 conv by Winograd's algorithm (module docstring)."""
+
+    name = "cpu.conv_winograd"
+    ops = ("conv2d_winograd_nchwc",)
+
+    def apply(self, sch, anchor, target, tunable):
+        schedule_conv_winograd(sch, anchor, target, tunable)
+        return True
 
 
 def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunable: bool,

@@ -1,6 +1,7 @@
-"""CPU schedule of the matrix-vector products a CNN ends with (its classifier: ``dense`` /
-``matmul`` + bias at batch 1), which TVM's CPU pipeline otherwise leaves unscheduled (serial,
-reading the weight column by column).
+"""CPU schedule rule (:class:`Matvec`, in ``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`) of
+the matrix-vector products a CNN ends with (its classifier: ``dense`` / ``matmul`` + bias at
+batch 1), which TVM's CPU pipeline otherwise leaves unscheduled (serial, reading the weight
+column by column).
 
 Matched: a PrimFunc whose one reduction block computes ``out[m, n] += x[m, k] * w[k, n]``
 (weight ``(K, N)``, as the build leaves a constant transposed weight, N the innermost axis),
@@ -20,10 +21,10 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-from .common import sole_reduction
+from .common import ScheduleRule, sole_reduction
 from .helpers import cpu_params
 
-__all__ = ["schedule_matvec", "matvec_block"]
+__all__ = ["Matvec", "schedule_matvec", "matvec_block"]
 
 #: Most vectors per tile (accumulators live in registers across the K loop).
 MAX_TILE_VECTORS = 8
@@ -65,6 +66,16 @@ def _tile(n: int, lanes: int, cores: int) -> int:
         if best is None and n // t >= cores:
             best = t
     return best or lanes
+
+
+class Matvec(ScheduleRule):
+    """The classifier's matrix-vector product with its bias and activation (module docstring);
+    no knobs."""
+
+    name = "cpu.matvec"
+
+    def apply(self, sch, anchor, target, tunable):
+        return schedule_matvec(sch, target)
 
 
 def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:

@@ -1,7 +1,8 @@
-"""CPU schedule of the layout transforms at the edges of a blocked graph (NCHW -> NCHW[cb]c at
-its inputs, NCHW[cb]c -> NCHW at its outputs and around ops with no blocked form), which TVM's
-CPU pipeline otherwise leaves unscheduled: one thread, the loops in the source's order, so that
-the NCHW -> NCHW[cb]c copy writes one element per ``cb``-strided store.
+"""CPU schedule rule (:class:`LayoutTransform`, in ``RULES["cpu"]`` of
+:mod:`topi_bn.schedules.rules`) of the layout transforms at the edges of a blocked graph (NCHW
+-> NCHW[cb]c at its inputs, NCHW[cb]c -> NCHW at its outputs and around ops with no blocked
+form), which TVM's CPU pipeline otherwise leaves unscheduled: one thread, the loops in the
+source's order, so that the NCHW -> NCHW[cb]c copy writes one element per ``cb``-strided store.
 
 Matched: a PrimFunc whose only block is a copy (``out[...] = in[...]``, no arithmetic, every
 axis spatial) from a 4-D NCHW tensor to a 5-D NCHW[cb]c one or back, with static shapes, what
@@ -19,7 +20,9 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-__all__ = ["schedule_layout_transform", "copy_block", "MIN_ELEMENTS"]
+from .common import ScheduleRule
+
+__all__ = ["LayoutTransform", "schedule_layout_transform", "copy_block", "MIN_ELEMENTS"]
 
 #: Smallest transform (elements) that is scheduled.
 MIN_ELEMENTS = 4096
@@ -54,6 +57,16 @@ def copy_block(sch: tvm.s_tir.Schedule):
     if len(sch.get_loops(b)) != len(src_shape):
         return None
     return b, blocked
+
+
+class LayoutTransform(ScheduleRule):
+    """The NCHW <-> NCHW[cb]c copies at the edges of a blocked graph (module docstring); no
+    knobs."""
+
+    name = "cpu.layout_transform"
+
+    def apply(self, sch, anchor, target, tunable):
+        return schedule_layout_transform(sch, target)
 
 
 def schedule_layout_transform(sch: tvm.s_tir.Schedule, target: Target) -> bool:

@@ -1,8 +1,8 @@
-"""CPU schedule of the 2-D pooling ops between a network's convs (ResNet's max pool after the
-stem, average pools), which TVM's CPU pipeline otherwise leaves unscheduled: one thread, a
-padded copy of the whole input written first, then one scalar max per output element and
-window position (ResNet-50's 3x3 stride-2 max pool on NCHW8c 64x112x112: 0.35 ms, ONNX Runtime
-0.10 ms, Zen 3, 2 threads).
+"""CPU schedule rule (:class:`Pool`, in ``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`) of
+the 2-D pooling ops between a network's convs (ResNet's max pool after the stem, average pools),
+which TVM's CPU pipeline otherwise leaves unscheduled: one thread, a padded copy of the whole
+input written first, then one scalar max per output element and window position (ResNet-50's 3x3
+stride-2 max pool on NCHW8c 64x112x112: 0.35 ms, ONNX Runtime 0.10 ms, Zen 3, 2 threads).
 
 Matched: a PrimFunc whose one reduction block is a pool, i.e. spatial axes ``(n, c, oh, ow)``
 or, blocked, ``(n, c/cb, oh, ow, cb)`` then the two window axes, reading one buffer (the
@@ -18,9 +18,9 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-from .common import sole_reduction
+from .common import ScheduleRule, sole_reduction
 
-__all__ = ["schedule_pool", "pool_block"]
+__all__ = ["Pool", "schedule_pool", "pool_block"]
 
 #: Output positions per tile (independent accumulators along ``ow``).
 TILE_W = 4
@@ -43,6 +43,16 @@ def pool_block(sch: tvm.s_tir.Schedule):
 def _tile(extent: int) -> int:
     """Tile width over ``ow``: the largest of TILE_W..1 that divides it."""
     return next(t for t in range(TILE_W, 0, -1) if extent % t == 0)
+
+
+class Pool(ScheduleRule):
+    """Max and average 2-D pools, NCHW or blocked, and global average pooling (module
+    docstring); no knobs."""
+
+    name = "cpu.pool"
+
+    def apply(self, sch, anchor, target, tunable):
+        return schedule_pool(sch, target)
 
 
 def schedule_pool(sch: tvm.s_tir.Schedule, target: Target) -> bool:

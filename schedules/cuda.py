@@ -1,6 +1,7 @@
-"""CUDA schedules of topi-bn (target keys ``cuda`` and ``gpu``).
+"""CUDA schedule rules of topi-bn (target keys ``cuda`` and ``gpu``): ``RULES["cuda"]`` of
+:mod:`topi_bn.schedules.rules`.
 
-One function per op, each handed the op's anchor block (see :mod:`topi_bn.schedules.common`):
+One rule per op, each handed the op's anchor block (see :mod:`topi_bn.schedules.common`):
 
 - ``conv2d_bn_relu``: thread-block tiling over (output channel, output row, output column), a
   register tile per thread, the padded input and the weights staged in shared memory per slice
@@ -34,12 +35,12 @@ from dataclasses import dataclass
 import tvm
 from tvm.target import Target
 
-from . import common
-from .common import block_rule, inline_consumers, op_blocks, stats_blocks
+from .common import ScheduleRule, block_rule, inline_consumers, op_blocks, stats_blocks
 
 __all__ = [
     "GpuLimits", "ConvKnobs", "DepthwiseKnobs", "BatchNormTrainKnobs", "ElementwiseKnobs",
-    "LayerNormKnobs", "schedule_op", "verify_gpu", "gpu_constraints",
+    "LayerNormKnobs", "FusedConv", "DepthwiseConv", "BatchNormTrain", "BatchNormInfer",
+    "LayerNorm", "verify_gpu", "gpu_constraints",
 ]
 
 DEFAULT_SHARED_BYTES = 48 * 1024  # what every CUDA GPU since Kepler gives a block without opt-in
@@ -836,35 +837,58 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The family entry point
+# The rules (RULES["cuda"] in topi_bn.schedules.rules)
 # --------------------------------------------------------------------------------------------
-_SCHEDULES = {
-    "conv2d_bn_relu": _schedule_conv,
-    "depthwise_conv2d_bn_relu": _schedule_depthwise,
-    "batch_norm_train": _schedule_bn_train,
-    "batch_norm_infer": _schedule_bn_infer,
-    "layer_norm": _schedule_layer_norm,
-}
+class FusedConv(ScheduleRule):
+    """conv2d + BN + activation: thread-block tiling, shared-memory staging (module docstring)."""
+
+    name = "cuda.fused_conv"
+    ops = ("conv2d_bn_relu",)
+
+    def apply(self, sch, anchor, target, tunable):
+        _schedule_conv(sch, anchor, target, tunable)
+        return True
 
 
-def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
-    """Schedule the topi-bn op ``op`` whose anchor block is ``anchor`` for the CUDA ``target``.
+class DepthwiseConv(ScheduleRule):
+    """Depthwise conv2d + BN + activation: one output per thread."""
 
-    Raises
-    ------
-    ValueError
-        ``op`` is not a topi-bn op.
-    """
-    if op not in _SCHEDULES:
-        raise ValueError(f"op: expected one of {sorted(_SCHEDULES)}, got {op!r}")
-    _SCHEDULES[op](sch, anchor, target, tunable)
+    name = "cuda.depthwise_conv"
+    ops = ("depthwise_conv2d_bn_relu",)
+
+    def apply(self, sch, anchor, target, tunable):
+        _schedule_depthwise(sch, anchor, target, tunable)
+        return True
 
 
-def _default_target() -> Target:
-    from topi_bn.targets import resolve_target
+class BatchNormTrain(ScheduleRule):
+    """Training batch-norm: the statistics in three kernels, then the normalization."""
 
-    return resolve_target("cuda-sm80")
+    name = "cuda.batch_norm_train"
+    ops = ("batch_norm_train",)
+
+    def apply(self, sch, anchor, target, tunable):
+        _schedule_bn_train(sch, anchor, target, tunable)
+        return True
 
 
-common.register_family(__import__(__name__, fromlist=["_"]),
-                       {"cuda": _default_target, "gpu": _default_target}, "cuda")
+class BatchNormInfer(ScheduleRule):
+    """Inference batch-norm: one elementwise kernel."""
+
+    name = "cuda.batch_norm_infer"
+    ops = ("batch_norm_infer",)
+
+    def apply(self, sch, anchor, target, tunable):
+        _schedule_bn_infer(sch, anchor, target, tunable)
+        return True
+
+
+class LayerNorm(ScheduleRule):
+    """layer_norm: one kernel, a row per warp or per thread block."""
+
+    name = "cuda.layer_norm"
+    ops = ("layer_norm",)
+
+    def apply(self, sch, anchor, target, tunable):
+        _schedule_layer_norm(sch, anchor, target, tunable)
+        return True

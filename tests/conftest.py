@@ -38,15 +38,15 @@ def template_at_default():
     design space's own trace is the untuned schedule)."""
     import tvm
 
-    from topi_bn.schedules import common
+    from topi_bn.schedules import rules
 
     def check(mod, target):
         tuned = tvm.s_tir.Schedule(mod)
-        assert common.schedule_function(tuned, target, tunable=True)
+        assert rules.schedule_function(tuned, target, tunable=True)
         kinds = {inst.kind.name for inst in tuned.trace.insts}
         assert {"SamplePerfectTile", "SampleCategorical"} <= kinds, kinds
         untuned = tvm.s_tir.Schedule(mod)
-        common.schedule_function(untuned, target, tunable=False)
+        rules.schedule_function(untuned, target, tunable=False)
         tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
         return tuned, untuned
 

@@ -421,7 +421,7 @@ def test_a_tuning_record_of_a_blocked_workload_applies_in_build(tmp_path):
 
     from topi_bn import workloads
     from topi_bn.build import schedule_prim_func
-    from topi_bn.schedules import common
+    from topi_bn.schedules import rules
     from topi_bn.testing import run_prim_func
     from topi_bn.tuning import build_visible_mod, workload_prim_func
     from topi_bn.tuning_db import merge_records
@@ -431,7 +431,7 @@ def test_a_tuning_record_of_a_blocked_workload_applies_in_build(tmp_path):
     func = workload_prim_func(name, target=target)
     mod = build_visible_mod(func)
     sch = tvm.s_tir.Schedule(mod)
-    common.schedule_function(sch, target, tunable=True)
+    rules.schedule_function(sch, target, tunable=True)
     tile_w = [i for i in sch.trace.insts if i.kind.name == "SampleCategorical"][1]
     trace = sch.trace.with_decision(tile_w, 1, True)  # tile width 2: not the default
     record = ms.database.TuningRecord(trace, ms.database.Workload(mod), [1e-5], target,

@@ -294,7 +294,7 @@ def test_a_record_of_the_registry_winograd_kernel_applies_in_a_network_build(tmp
 
     from topi_bn import workloads as W
     from topi_bn.bench import networks as nb
-    from topi_bn.schedules import common
+    from topi_bn.schedules import rules
     from topi_bn.tuning import build_visible_mod, workload_prim_func
     from topi_bn.tuning_db import merge_records
 
@@ -303,7 +303,7 @@ def test_a_record_of_the_registry_winograd_kernel_applies_in_a_network_build(tmp
     func = workload_prim_func(w, target=target)
     mod = build_visible_mod(func)
     sch = tvm.s_tir.Schedule(mod)
-    common.schedule_function(sch, target, tunable=True)
+    rules.schedule_function(sch, target, tunable=True)
     record = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), [1e-5], target,
                                       ms.arg_info.ArgInfo.from_prim_func(func))
     log = str(tmp_path / "log")

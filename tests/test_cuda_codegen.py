@@ -13,7 +13,7 @@ from tvm import te
 
 import topi_bn
 from topi_bn import workloads as W
-from topi_bn.schedules import common, cuda
+from topi_bn.schedules import common, cuda, rules
 from topi_bn.targets import resolve_target
 from topi_bn.testing import cuda_races
 from tvm.script import tirx as T
@@ -101,7 +101,7 @@ def built(request):
     arch, dtype = request.param
     target = resolve_target(ARCHS[arch])
     names = [w.name for w in W.list_workloads("smoke")] + list(REPRESENTATIVE)
-    mod = common.apply_default_schedules(_module(names, dtype), target)
+    mod = rules.apply_default_schedules(_module(names, dtype), target)
     assert cuda.verify_gpu(mod, target)
     src = _source(mod, target)
     return arch, dtype, target, src, _kernels(src)
@@ -114,7 +114,7 @@ def test_every_registry_workload_passes_gpu_verification(arch):
     failed = []
     for w in W.list_workloads() + W.list_workloads("smoke"):
         for dtype in DTYPES:
-            mod = common.apply_default_schedules(
+            mod = rules.apply_default_schedules(
                 tvm.IRModule({"main": w.prim_func(dtype)}), target)
             if not cuda.verify_gpu(mod, target):
                 failed.append(f"{w.name}/{dtype}")
@@ -228,7 +228,7 @@ def test_no_race_in_any_cuda_kernel(dtype):
     target = resolve_target("cuda-sm90")
     found = []
     for w in W.list_workloads() + W.list_workloads("smoke") + W.list_workloads("gpu"):
-        mod = common.apply_default_schedules(tvm.IRModule({"main": w.prim_func(dtype)}), target)
+        mod = rules.apply_default_schedules(tvm.IRModule({"main": w.prim_func(dtype)}), target)
         found += [f"{w.name}: {r}" for r in cuda_races.find_races(mod, target)]
     assert not found, "\n".join(found[:10])
 
@@ -473,7 +473,7 @@ def test_a_smaller_target_gets_smaller_kernels():
                                 "max_shared_memory_per_block": 16384}, host={"kind": "llvm"})
     names = ["resnet50.conv3x3_64_64_56_s1_relu", "bn_train.nhwc_8x256x28x28",
              "layer_norm.512x4096", "smoke.layer_norm_16x64"]
-    mod = common.apply_default_schedules(_module(names, "float32"), target)
+    mod = rules.apply_default_schedules(_module(names, "float32"), target)
     assert cuda.verify_gpu(mod, target)
     kernels = _kernels(_source(mod, target))
     assert max(b for b, _, _ in kernels.values()) <= 128
@@ -506,9 +506,9 @@ def test_fused_elementwise_ops_are_inlined_into_the_kernel():
     z = te.compute(y.shape, lambda i, j: te.max(y[i, j], tvm.tirx.const(0, "float16")),
                    name="relu")
     func = te.create_prim_func([x, g, b, z])
-    names = common._all_blocks(tvm.s_tir.Schedule(func))
+    names = common.block_names(tvm.s_tir.Schedule(func))
     assert "ln_norm_1" in names and "relu" in names
-    mod = common.apply_default_schedules(tvm.IRModule({"main": func}), target)
+    mod = rules.apply_default_schedules(tvm.IRModule({"main": func}), target)
     assert cuda.verify_gpu(mod, target)
     kernels = _kernels(_source(mod, target))
     assert len(kernels) == 1
@@ -523,7 +523,7 @@ def test_tunable_schedules_sample_their_knobs(name):
     target = resolve_target("cuda-sm80")
     func = W.get(name).prim_func("float32")
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}), seed=7)
-    assert common.schedule_function(sch, target, tunable=True)
+    assert rules.schedule_function(sch, target, tunable=True)
     kinds = {inst.kind.name for inst in sch.trace.insts}
     assert kinds & {"SamplePerfectTile", "SampleCategorical"}, kinds
     tvm.compile(sch.mod, target=target)  # a sampled schedule still lowers and generates code
@@ -544,7 +544,7 @@ def test_tuning_space_and_postprocessors_run_for_cuda(target):
                                                        else 1024)
     for w in W.list_workloads("smoke"):
         ctx = ms.TuneContext(mod=w.prim_func("float32"), target=tgt,
-                             space_generator=common.template_space(tgt),
+                             space_generator=rules.template_space(tgt),
                              search_strategy="evolutionary", task_name=w.name, rand_state=0,
                              num_threads=1)
         spaces = ctx.generate_design_space()
@@ -563,7 +563,7 @@ def test_metaschedule_rules_registered():
 def test_unknown_op_is_rejected():
     sch = tvm.s_tir.Schedule(W.get("smoke.layer_norm_16x64").prim_func("float32"))
     with pytest.raises(ValueError, match="op"):
-        cuda.schedule_op("softmax", sch, sch.get_sblock("ln_norm"), resolve_target("cuda"), False)
+        rules.schedule_op("softmax", sch, sch.get_sblock("ln_norm"), resolve_target("cuda"), False)
 
 
 # -- full sweep ------------------------------------------------------------------------------
@@ -576,7 +576,7 @@ def test_every_registry_workload_compiles_to_ptx(arch, dtype):
 
     target = resolve_target(ARCHS[arch])
     names = [w.name for w in W.list_workloads()]
-    mod = common.apply_default_schedules(_module(names, dtype), target)
+    mod = rules.apply_default_schedules(_module(names, dtype), target)
     src = _source(mod, target)
     with target:
         ptx = bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,
@@ -599,7 +599,7 @@ def test_conv_layouts_groups_and_dilation_verify(layout, groups, dilation):
     params = [te.placeholder((k,), "float16", name=n) for n in ("gamma", "beta", "mean", "var")]
     y = topi_bn.conv2d_bn_relu(x, w, *params, strides=2, padding=1, dilation=dilation,
                                groups=groups, layout=layout)
-    mod = common.apply_default_schedules(
+    mod = rules.apply_default_schedules(
         tvm.IRModule({"main": te.create_prim_func([x, w, *params, y])}), target)
     assert cuda.verify_gpu(mod, target)
     (_, params_src, body), = _kernels(_source(mod, target)).values()

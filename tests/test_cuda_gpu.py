@@ -9,7 +9,7 @@ from tvm import te
 
 import topi_bn
 from topi_bn import workloads as W
-from topi_bn.schedules import common
+from topi_bn.schedules import rules
 from topi_bn.testing import assert_close, run_prim_func
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
@@ -35,7 +35,7 @@ def device_target() -> tvm.target.Target:
 def _run(te_inputs, te_outputs, target, inputs):
     """Build the TE op with the CUDA default schedules and run it on the GPU."""
     func = te.create_prim_func(list(te_inputs) + list(te_outputs))
-    mod = common.apply_default_schedules(tvm.IRModule({"main": func}), target)
+    mod = rules.apply_default_schedules(tvm.IRModule({"main": func}), target)
     lib = tvm.compile(mod, target=target)
     outs = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in te_outputs]
     return run_prim_func(lib, inputs, outs, device=tvm.cuda(0))
@@ -104,7 +104,7 @@ def test_norm_kernels_are_right_three_runs_in_a_row(name, dtype):
     target = device_target()
     args = w.te_args(dtype)
     func = te.create_prim_func(list(args) + list(w.compute(*args)))
-    lib = tvm.compile(common.apply_default_schedules(tvm.IRModule({"main": func}), target),
+    lib = tvm.compile(rules.apply_default_schedules(tvm.IRModule({"main": func}), target),
                       target=target)
     inputs = w.random_inputs(dtype, seed=4)
     expect = w.reference(*inputs)

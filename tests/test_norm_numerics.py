@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tvm
 
-import topi_bn.schedules.x86  # noqa: F401  registers the CPU family
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.targets import resolve_target
 from topi_bn.testing import as_float64, assert_close, run_prim_func, run_te

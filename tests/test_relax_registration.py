@@ -1,5 +1,4 @@
 """Relax lowers batch_norm / layer_norm with topi-bn once ``topi_bn.relax`` is imported."""
-import types
 import warnings
 
 import numpy as np
@@ -12,7 +11,7 @@ from tvm.script import relax as R
 import topi_bn.relax as tr
 from topi_bn import reference
 from topi_bn.relax import registration
-from topi_bn.schedules import common
+from topi_bn.schedules import common, rules
 from topi_bn.testing import assert_close
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -155,16 +154,21 @@ def test_layer_norm_non_trailing_axes_fall_back_to_tvm(rng):
 
 @pytest.fixture
 def fake_cpu_family(monkeypatch):
-    """A stand-in schedule family for the CPU targets: records what it is asked to schedule and
-    tags the anchor block, so the hook can be checked without the real x86 schedules."""
+    """A stand-in rule table for the CPU targets: one rule for every op that records what it is
+    asked to schedule and tags the anchor block, so the hook can be checked without the real x86
+    schedules."""
     calls = []
 
-    def schedule_op(op, sch, anchor, target, tunable):
-        calls.append((op, str(target.kind.name), tunable))
-        sch.annotate(anchor, "topi_bn.test_scheduled", 1)
+    class Recorder(common.ScheduleRule):
+        name = "test.recorder"
+        ops = tuple(common.ANCHORS)
 
-    fam = types.SimpleNamespace(schedule_op=schedule_op)
-    monkeypatch.setitem(common._FAMILIES, "cpu", fam)
+        def apply(self, sch, anchor, target, tunable):
+            calls.append((common.op_of(sch, anchor), str(target.kind.name), tunable))
+            sch.annotate(anchor, "topi_bn.test_scheduled", 1)
+            return True
+
+    monkeypatch.setitem(rules.RULES, "cpu", (Recorder(),))
     return calls
 
 
@@ -186,14 +190,14 @@ def test_plain_compile_schedules_at_legalize(fake_cpu_family, rng):
 
 def test_pipeline_schedules_after_fusion(fake_cpu_family, monkeypatch):
     scripts = []
-    fam = common._FAMILIES["cpu"]
-    record = fam.schedule_op
+    (rule,) = rules.RULES["cpu"]
+    record = rule.apply
 
-    def schedule_op(op, sch, anchor, target, tunable):
+    def apply(sch, anchor, target, tunable):
         scripts.append(sch.mod["main"].script())
-        record(op, sch, anchor, target, tunable)
+        return record(sch, anchor, target, tunable)
 
-    monkeypatch.setattr(fam, "schedule_op", schedule_op)
+    monkeypatch.setattr(rule, "apply", apply)
     tvm.compile(_MatmulLayerNormRelu, TARGET, relax_pipeline=tr.pipeline(TARGET))
     assert fake_cpu_family == [("layer_norm", "llvm", False)]
     # the function handed to the schedule is the fused one: layer_norm with the relu inside

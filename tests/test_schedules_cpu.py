@@ -1,4 +1,4 @@
-"""CPU schedules (``topi_bn.schedules.cpu`` through the x86 registration): numerics of the
+"""CPU schedules (``topi_bn.schedules.cpu`` through the CPU rule table): numerics of the
 default schedules against the float64 references, the structure of the scheduled TIR, and the
 tunable template space."""
 from __future__ import annotations
@@ -8,10 +8,9 @@ import pytest
 import tvm
 from tvm import te
 
-import topi_bn.schedules.x86  # noqa: F401  registers the CPU family
 from topi_bn import compute
 from topi_bn.schedules import apply_default_schedules
-from topi_bn.schedules import common
+from topi_bn.schedules import rules
 from topi_bn.targets import resolve_target, vector_lanes
 from topi_bn.testing import TOLERANCES, as_float64, run_prim_func
 from topi_bn.workloads import Workload
@@ -186,7 +185,7 @@ def test_template_space_samples_and_replays(w):
     target = resolve_target("x86")
     mod = tvm.IRModule({"main": w.prim_func()})
     sch = tvm.s_tir.Schedule(mod, seed=3)
-    assert common.schedule_function(sch, target, tunable=True)
+    assert rules.schedule_function(sch, target, tunable=True)
     samples = [inst for inst in sch.trace.insts
                if inst.kind.name in ("SampleCategorical", "SamplePerfectTile")]
     assert samples, "no sampled knobs in the trace"
@@ -208,9 +207,10 @@ def test_template_space_samples_and_replays(w):
 
 def test_defaults_follow_the_target():
     from topi_bn.schedules import cpu
+    from topi_bn.schedules.helpers import cpu_params
 
-    p512 = cpu.cpu_params(resolve_target("x86-avx512"))
-    p256 = cpu.cpu_params(resolve_target("x86-avx2"))
+    p512 = cpu_params(resolve_target("x86-avx512"))
+    p256 = cpu_params(resolve_target("x86-avx2"))
     assert (p512.lanes, p512.vector_registers) == (16, 32)
     assert (p256.lanes, p256.vector_registers) == (8, 16)
     c512 = cpu.ConvConfig.default(64, 64, 8, p512)
@@ -221,11 +221,9 @@ def test_defaults_follow_the_target():
 
 
 def test_unknown_op_is_rejected():
-    from topi_bn.schedules import cpu
-
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": CASES[0].prim_func()}))
     with pytest.raises(ValueError, match="op"):
-        cpu.schedule_op("conv3d", sch, sch.get_sblock("conv"), resolve_target("x86"), False)
+        rules.schedule_op("conv3d", sch, sch.get_sblock("conv"), resolve_target("x86"), False)
 
 
 @pytest.fixture
@@ -252,7 +250,7 @@ def test_metaschedule_tunes_the_template(tmp_path, meta_schedule_logger_without_
     mod = tvm.IRModule({"main": w.prim_func()})
     # generous timeouts: the builder's worker imports TVM, slow on a loaded 2-core machine
     db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
-                     space=common.template_space(target), num_tuning_cores=2, seed=0,
+                     space=rules.template_space(target), num_tuning_cores=2, seed=0,
                      builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=300),
                      runner=ms.runner.LocalRunner(timeout_sec=120))
     assert len(db.get_all_tuning_records()) > 0

@@ -284,7 +284,7 @@ def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModul
 def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
-    from .schedules.common import apply_default_schedules
+    from .schedules import apply_default_schedules
 
     mod = _normalize_mod(func)
     sch = db.query_schedule(mod, target, "main")

@@ -3,7 +3,7 @@
 Two search spaces, as AutoTVM and Ansor were:
 
 - ``template``: our schedule rules with their knobs sampled
-  (:func:`topi_bn.schedules.common.template_space`);
+  (:func:`topi_bn.schedules.rules.template_space`);
 - ``auto``: the blocks without our rule annotation (:func:`~topi_bn.schedules.common.strip_rules`),
   searched by MetaSchedule's generic rules (``post-order-apply``).
 
@@ -382,7 +382,7 @@ def default_record(mod, target, builder, runner):
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.utils import remove_build_dir
 
-    from .schedules.common import schedule_function
+    from .schedules import schedule_function
 
     sch = tvm.s_tir.Schedule(mod)
     if not schedule_function(sch, target, tunable=False):
@@ -448,7 +448,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from .schedules.common import strip_rules, template_space
+    from .schedules import strip_rules, template_space
 
     progress = progress_stream(progress)
     # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
@@ -472,10 +472,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     cores = config.num_cores or int(tgt.attrs.get("num-cores", 0) or os.cpu_count() or 1)
     per_iter = config.trials_per_iter or min(trials, 16)
     if space == "template":
-        from .schedules.common import family_for
+        from .schedules.rules import rules_for
 
         try:
-            family_for(tgt)
+            rules_for(tgt)
         except (NotImplementedError, ImportError) as err:
             raise ValueError(f"space: no topi-bn schedule templates for {tgt.kind.name} ({err}); "
                              f"use space='auto'") from None

@@ -1,8 +1,8 @@
 """topi-bn's ops cross-compiled for the ARM targets and run under qemu-aarch64.
 
 Each target (generic aarch64+neon, the ``arm/rasp4b64`` tag) gets one shared library holding
-every case below twice: with the ARM schedules (``schedules/arm.py``: the CPU schedules with
-NEON's width read from the target) and unscheduled, run in one emulated process, and each output is compared with ``topi_bn.reference`` in float64 within
+every case below twice: with the ARM schedules (``RULES["cpu"]`` of ``schedules/rules.py``: the
+CPU rules with NEON's width read from the target) and unscheduled, run in one emulated process, and each output is compared with ``topi_bn.reference`` in float64 within
 ``topi_bn.testing.TOLERANCES``. Emulated timings mean nothing and are not taken.
 """
 import numpy as np

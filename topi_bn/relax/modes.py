@@ -414,13 +414,15 @@ class ApplyDefaultSchedules:
 class ScheduleCpuGraphOps:
     """Module pass (CPU targets): the CPU schedules of the non-topi-bn ops a CNN runs between
     and after its convs, which TVM's CPU pipeline leaves unscheduled (one thread, scalar), on
-    every unscheduled PrimFunc they match:
+    every unscheduled PrimFunc they match: the rules on TVM's own ops in the target's table
+    (``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`, through
+    :func:`topi_bn.schedules.apply_default_schedules` with ``graph_ops=True``):
 
-    - :func:`topi_bn.schedules.cpu_dense.schedule_matvec`: the classifier's matrix-vector
+    - :class:`topi_bn.schedules.cpu_dense.Matvec`: the classifier's matrix-vector
       product with its bias (ResNet-50's 2048x1000: 4.0 ms unscheduled, 0.34 ms scheduled);
-    - :func:`topi_bn.schedules.cpu_pool.schedule_pool`: max and average pooling, NCHW or
+    - :class:`topi_bn.schedules.cpu_pool.Pool`: max and average pooling, NCHW or
       blocked (ResNet's 3x3 stride-2 max pool on NCHW8c 64x112x112: 0.14 -> 0.04 ms);
-    - :func:`topi_bn.schedules.cpu_layout.schedule_layout_transform`: the NCHW <-> NCHW[cb]c
+    - :class:`topi_bn.schedules.cpu_layout.LayoutTransform`: the NCHW <-> NCHW[cb]c
       transforms at the edges of a blocked graph (the 224x224 image to NCHW3c: 48 -> 10 us).
 
     Zen 3, 2 threads."""
@@ -429,22 +431,9 @@ class ScheduleCpuGraphOps:
         self.target = resolve_target(target)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules import cpu_dense, cpu_layout, cpu_pool
+        from topi_bn.schedules import apply_default_schedules
 
-        schedulers = (cpu_dense.schedule_matvec, cpu_pool.schedule_pool,
-                      cpu_layout.schedule_layout_transform)
-        out = None
-        for gv, func in mod.functions_items():
-            if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is not None and \
-                    func.attrs.get("tirx.is_scheduled", False):
-                continue
-            for schedule in schedulers:
-                sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-                if schedule(sch, self.target):
-                    out = mod.clone() if out is None else out
-                    out.update_func(gv, sch.mod["main"].with_attr("tirx.is_scheduled", True))
-                    break
-        return mod if out is None else out
+        return apply_default_schedules(mod, self.target, topi_bn_ops=False, graph_ops=True)
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.NarrowKernelIndices")
