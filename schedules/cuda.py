@@ -1,5 +1,6 @@
 """CUDA schedule rules of topi-bn (target keys ``cuda`` and ``gpu``): ``RULES["cuda"]`` of
-:mod:`topi_bn.schedules.rules`.
+:mod:`topi_bn.schedules.rules`. (One file of ~800 lines: the rules share the target limits, the
+blocked-statistics helpers and the verification passes; a split per op is a later step.)
 
 One rule per op, each handed the op's anchor block (see :mod:`topi_bn.schedules.common`):
 
@@ -23,7 +24,8 @@ One rule per op, each handed the op's anchor block (see :mod:`topi_bn.schedules.
 Knobs live in one dataclass per op; their defaults are read from the target
 (:class:`GpuLimits`: ``max_num_threads``, ``thread_warp_size``, ``max_shared_memory_per_block``,
 48 KiB when the target does not say) and the problem shape. With ``tunable=True`` the knobs are
-``sch.sample_*`` decisions for MetaSchedule.
+``sch.sample_*`` decisions for MetaSchedule whose initial decisions are the defaults
+(:func:`~topi_bn.schedules.helpers.knob`, :func:`~topi_bn.schedules.helpers.tile`).
 
 A fused elementwise consumer of the op's output (e.g. a ReLU that FuseTIR put into the same
 PrimFunc) is inlined into the epilogue where :meth:`Schedule.reverse_compute_inline` allows it.
@@ -36,6 +38,7 @@ import tvm
 from tvm.target import Target
 
 from .common import ScheduleRule, block_rule, inline_consumers, op_blocks, stats_blocks
+from .helpers import channel_position, extent, knob, loops_under, tile
 
 __all__ = [
     "GpuLimits", "ConvKnobs", "DepthwiseKnobs", "BatchNormTrainKnobs", "ElementwiseKnobs",
@@ -129,15 +132,6 @@ def _divisor_at_most(n: int, cap: int) -> int:
     return 1
 
 
-def _divisor_near(n: int, target: float) -> int:
-    """Divisor of ``n`` closest to ``target`` (ties to the larger)."""
-    best = 1
-    for d in range(1, n + 1):
-        if n % d == 0 and abs(d - target) <= abs(best - target):
-            best = d
-    return best
-
-
 def _inline_producers(sch, blocks: dict) -> None:
     """Inline elementwise producers of the op that are not topi-bn blocks (e.g. an add that
     FuseOps put in front of a norm), where TVM allows it."""
@@ -181,30 +175,8 @@ def _schedule_leftovers(sch, block, threads: int) -> None:
             pass
 
 
-def _loops_under(sch, block, loop) -> list:
-    """The loops of ``block`` nested inside ``loop``."""
-    loops = list(sch.get_loops(block))
-    target = sch.get(loop)
-    for i, lp in enumerate(loops):
-        if sch.get(lp).same_as(target):
-            return loops[i + 1:]
-    raise ValueError(f"block {sch.get(block).name_hint} is not under the given loop")
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
 def _dtype_bytes(sch, block) -> int:
     return tvm.runtime.DataType(sch.get(block).reads[0].source.dtype).bits // 8
-
-
-def _pick(sch, tunable: bool, candidates: list[int], default: int) -> object:
-    """``default`` when not tuning; a ``sample_categorical`` over ``candidates`` when tuning."""
-    if not tunable:
-        return default
-    cands = sorted(set(candidates))
-    return sch.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
 
 
 def _unroll(sch, loop, max_step) -> None:
@@ -362,20 +334,13 @@ def _schedule_conv(sch, conv, target: Target, tunable: bool) -> None:
     n_l, k_l, y_l, x_l = (loops[0], loops[1], loops[2], loops[3]) if geo.nchw else \
         (loops[0], loops[3], loops[1], loops[2])
     red = loops[4:]
-    if tunable:
-        kt = sch.sample_perfect_tile(k_l, n=3, max_innermost_factor=8)
-        yt = sch.sample_perfect_tile(y_l, n=3, max_innermost_factor=4)
-        xt = sch.sample_perfect_tile(x_l, n=3, max_innermost_factor=4)
-        k_f, y_f, x_f = [None, kt[1], kt[2]], [None, yt[1], yt[2]], [None, xt[1], xt[2]]
-        rc_f = sch.sample_perfect_tile(red[0], n=2, max_innermost_factor=32) if geo.has_rc else None
-        unroll = sch.sample_categorical([0, 16, 64, 512], [0.25] * 4)
-        threads = None
-    else:
-        kn = ConvKnobs.default(geo, limits)
-        k_f, y_f, x_f = [None, kn.k_threads, kn.k_inner], [None, kn.y_threads, kn.y_inner], \
-            [None, kn.x_threads, kn.x_inner]
-        rc_f = [None, kn.rc_inner] if geo.has_rc else None
-        unroll, threads = kn.unroll, kn.threads
+    kn = ConvKnobs.default(geo, limits)
+    k_f = tile(sch, tunable, k_l, [None, kn.k_threads, kn.k_inner], 8)
+    y_f = tile(sch, tunable, y_l, [None, kn.y_threads, kn.y_inner], 4)
+    x_f = tile(sch, tunable, x_l, [None, kn.x_threads, kn.x_inner], 4)
+    rc_f = tile(sch, tunable, red[0], [None, kn.rc_inner], 32) if geo.has_rc else None
+    unroll = knob(sch, tunable, [0, 16, 64, 512], kn.unroll)
+    threads = None if tunable else kn.threads
     ko, kt_, ki = sch.split(k_l, k_f)
     yo, yt_, yi = sch.split(y_l, y_f)
     xo, xt_, xi = sch.split(x_l, x_f)
@@ -392,7 +357,7 @@ def _schedule_conv(sch, conv, target: Target, tunable: bool) -> None:
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     if threads is None:
-        threads = _extent(sch, tx)
+        threads = extent(sch, tx)
 
     # stage the (padded) input and the weights in shared memory per rc slice
     at = rco if rco is not None else tx
@@ -403,7 +368,7 @@ def _schedule_conv(sch, conv, target: Target, tunable: bool) -> None:
     if pad is not None:
         sch.compute_inline(pad)  # padding is evaluated while filling shared memory
     for cached in (data_sh, weight_sh):
-        inner = _loops_under(sch, cached, at)
+        inner = loops_under(sch, cached, at)
         fused = sch.fuse(*inner)
         _, ctx = sch.split(fused, [None, threads])
         sch.bind(ctx, "threadIdx.x")
@@ -435,7 +400,7 @@ def _schedule_depthwise(sch, conv, target: Target, tunable: bool) -> None:
     epi = _conv_prologue_epilogue(sch, blocks)
     if "pad" in blocks:
         sch.compute_inline(blocks["pad"])
-    threads = _pick(sch, tunable, [64, 128, 256, min(512, limits.max_threads)],
+    threads = knob(sch, tunable, [64, 128, 256, min(512, limits.max_threads)],
                     DepthwiseKnobs.default(limits).threads)
     loops = sch.get_loops(conv)
     fused = sch.fuse(*loops[:4])
@@ -469,9 +434,9 @@ class ElementwiseKnobs:
 
 def _schedule_normalize(sch, norm, limits: GpuLimits, tunable: bool) -> None:
     loops = sch.get_loops(norm)
-    inner = _extent(sch, loops[-1])
+    inner = extent(sch, loops[-1])
     kn = ElementwiseKnobs.default(inner, _dtype_bytes(sch, norm), limits)
-    threads = _pick(sch, tunable, [64, 128, 256, min(512, limits.max_threads)], kn.threads)
+    threads = knob(sch, tunable, [64, 128, 256, min(512, limits.max_threads)], kn.threads)
     _bind_elementwise(sch, norm, threads, kn.vector)
     _schedule_leftovers(sch, norm, limits.block_threads)
 
@@ -569,7 +534,7 @@ def _partials(sch, block, ty: int) -> tuple:
 def _x_part(sch, loops):
     """The loop of ``loops`` (a block's spatial loops under the block index) that goes to
     ``threadIdx.x``: the one longer than 1 (units are the rest)."""
-    return next((lp for lp in loops if _extent(sch, lp) > 1), loops[-1])
+    return next((lp for lp in loops if extent(sch, lp) > 1), loops[-1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -617,10 +582,10 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     channels = int(sch.get(b["bn_var"]).iter_vars[0].dom.extent)
     # channels last: the chunk buffers are (j, g, c) and the channel is the contiguous axis
     norm_iters = sch.get(norm).iter_vars
-    channel_last = _channel_axis(sch, norm) == len(norm_iters) - 1
+    channel_last = channel_position(sch, norm) == len(norm_iters) - 1
     fast = channels if channel_last else K
     kn = BatchNormTrainKnobs.default(K, G, fast, limits)
-    tx = _pick(sch, tunable, [d for d in (8, 16, 32, 64) if fast % d == 0] or [kn.tx], kn.tx)
+    tx = knob(sch, tunable, [d for d in (8, 16, 32, 64) if fast % d == 0] or [kn.tx], kn.tx)
     ty = kn.ty
 
     # kernel 1: chunks (registers) and groups (reduced over threadIdx.y)
@@ -697,20 +662,6 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     _schedule_normalize(sch, norm, limits, tunable)
 
 
-def _channel_axis(sch, norm) -> int:
-    """Position of the channel among the normalization block's iters (the iter indexing its
-    per-channel reads)."""
-    blk = sch.get(norm)
-    iters = [iv.var for iv in blk.iter_vars]
-    for region in blk.reads:
-        if len(region.region) == 1:
-            idx = region.region[0].min
-            for pos, v in enumerate(iters):
-                if idx.same_as(v):
-                    return pos
-    raise ValueError(f"block {blk.name_hint}: no per-channel read")
-
-
 # --------------------------------------------------------------------------------------------
 # layer_norm: one kernel, a thread block per row (or per few rows)
 # --------------------------------------------------------------------------------------------
@@ -782,7 +733,7 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     kn = LayerNormKnobs.default(rows, K, G, B, limits)
     tx, ty, vec = kn.tx, kn.ty, kn.vec
     in_warp = _warp_rows(tx, ty, limits)
-    rz = _pick(sch, tunable, [d for d in (1, 2, 4, 8) if rows % d == 0 and
+    rz = knob(sch, tunable, [d for d in (1, 2, 4, 8) if rows % d == 0 and
                               d * tx <= limits.max_threads] if ty == 1 and in_warp else [1],
                kn.rows)
 
