@@ -1,0 +1,86 @@
+"""The rule tables of ``topi_bn.schedules.rules``: one rule per op and family, templates whose
+trace starts at the untuned schedule on every family, and schedule modules that import each
+other without a circle or a private name."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import tvm
+
+import topi_bn  # noqa: F401
+from topi_bn import workloads as W
+from topi_bn.schedules import common, rules
+from topi_bn.targets import resolve_target
+
+# target -> the blocked smoke group of its block size (None: no blocked kernels)
+TARGETS = {"x86-avx2": "smoke-nchw8c", "x86-avx512": "smoke-nchw16c", "arm": "smoke-nchw4c",
+           "cuda-sm80": None}
+
+
+@pytest.mark.parametrize("family", sorted(rules.RULES))
+def test_each_op_has_one_rule_per_family(family):
+    owners = {}
+    for rule in rules.RULES[family]:
+        for op in rule.ops:
+            assert op not in owners, (op, owners.get(op), rule.name)
+            owners[op] = rule.name
+    expected = set(common.ANCHORS) - (set(common.CPU_ONLY_OPS) if family == "cuda" else set())
+    assert set(owners) == expected
+    names = [r.name for r in rules.RULES[family]]
+    assert len(set(names)) == len(names) and all(n.startswith(family + ".") for n in names)
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_templates_start_at_the_untuned_schedule(target):
+    """Every knob of a template is sampled with the default as its initial decision
+    (``helpers.knob`` / ``helpers.tile``): the template's own trace is the untuned schedule."""
+    tgt = resolve_target(target)
+    workloads = W.list_workloads("smoke") + (W.list_workloads(TARGETS[target])
+                                             if TARGETS[target] else [])
+    for w in workloads:
+        mod = tvm.IRModule({"main": w.prim_func("float32")})
+        tuned = tvm.s_tir.Schedule(mod)
+        assert rules.schedule_function(tuned, tgt, tunable=True)
+        assert any(i.kind.name.startswith("Sample") for i in tuned.trace.insts), w.name
+        untuned = tvm.s_tir.Schedule(mod)
+        rules.schedule_function(untuned, tgt, tunable=False)
+        tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
+
+
+def _relative_imports(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of each import of another module of the package in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.append((node.module.split(".")[0], [a.name for a in node.names]))
+            else:
+                out.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "topi_bn.schedules."):
+            out.append((node.module.split(".")[2], [a.name for a in node.names]))
+    return out
+
+
+def test_schedule_modules_import_without_a_circle_or_a_private_name():
+    package = pathlib.Path(rules.__file__).parent
+    graph = {}
+    for path in package.glob("*.py"):
+        imports = _relative_imports(path)
+        private = [(m, n) for m, names in imports for n in names if n.startswith("_")]
+        assert not private, (path.name, private)
+        graph[path.stem] = {m for m, _ in imports} - {path.stem}
+
+    def reachable(start):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    assert not [m for m in graph if m in reachable(m)]
+    assert graph["helpers"] == set() and graph["common"] == set()
