@@ -41,7 +41,7 @@ from tvm.target import Target
 from .common import ScheduleRule, inline_consumers, op_blocks, op_of, stats_blocks
 from .helpers import (
     CpuParams, channel_position, cpu_params, divisors, extent, iter_loops, knob, largest_divisor,
-    vectorize_innermost,
+    vector_width, vectorize_innermost,
 )
 
 __all__ = [
@@ -215,24 +215,15 @@ class NormStatsConfig:
 
     @staticmethod
     def candidates(fast: int, inner: int, groups: int, p: CpuParams) -> dict:
-        per = fast // _vector_width(fast, p.lanes)
+        per = fast // vector_width(fast, p.lanes)
         return {"vectors": divisors(per, 8), "norm_tile": _vector_candidates(inner, p.lanes, 8),
                 "tasks": divisors(groups, 8 * p.cores)}
 
     @classmethod
     def default(cls, fast: int, inner: int, groups: int, p: CpuParams) -> "NormStatsConfig":
-        per = fast // _vector_width(fast, p.lanes)
+        per = fast // vector_width(fast, p.lanes)
         return cls(vectors=largest_divisor(per, 8), norm_tile=_vector_tile(inner, p.lanes, 4),
                    tasks=largest_divisor(groups, 4 * p.cores))
-
-
-def _vector_width(extent: int, lanes: int) -> int:
-    """Elements of one vector along an axis of ``extent`` (which the vector must divide):
-    ``lanes``, else the largest power of two dividing it (a part-width register; LLVM handles
-    odd vector lengths poorly)."""
-    if extent % lanes == 0:
-        return lanes
-    return max(d for d in divisors(extent, lanes) if d & (d - 1) == 0)
 
 
 def _split_tile(sch: tvm.s_tir.Schedule, loop, vectors, v: int) -> list:
@@ -366,7 +357,7 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
         cands = NormStatsConfig.candidates(fast, inner, 1, p)
         vectors = knob(sch, tunable, cands["vectors"], cfg.vectors)
         nt = knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
-        _schedule_stats_rows(sch, st, 1, vectors, _vector_width(fast, p.lanes), p.lanes,
+        _schedule_stats_rows(sch, st, 1, vectors, vector_width(fast, p.lanes), p.lanes,
                              [blocks[n] for n in per_channel + ["bn_norm"]])
         after = sch.get_loops(norm)[1 + axis:]  # the data's axes after the channel
         fused = sch.fuse(*after) if len(after) > 1 else after[0]
@@ -385,7 +376,7 @@ def _schedule_bn_train(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable:
     # groups per step: their chunks (b rows of all channels) stay in half the L1 cache
     positions = 1 if tunable else largest_divisor(
         groups // cfg.tasks, max(1, p.l1_bytes // 2 // (4 * chans * chunk)))
-    _schedule_stats_channels_last(sch, st, vectors, _vector_width(chans, p.lanes), tasks,
+    _schedule_stats_channels_last(sch, st, vectors, vector_width(chans, p.lanes), tasks,
                                   positions)
     nl = sch.get_loops(norm)
     outer = sch.fuse(*nl[:-1]) if len(nl) > 2 else nl[0]
@@ -408,7 +399,7 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     cands = NormStatsConfig.candidates(fast, math.prod(cols_shape), 1, p)
     vectors = knob(sch, tunable, cands["vectors"], cfg.vectors)
     nt = knob(sch, tunable, cands["norm_tile"], cfg.norm_tile)
-    _schedule_stats_rows(sch, st, n_rows, vectors, _vector_width(fast, p.lanes), p.lanes,
+    _schedule_stats_rows(sch, st, n_rows, vectors, vector_width(fast, p.lanes), p.lanes,
                          [blocks[n] for n in ("ln_rstd", "ln_norm", "ln_mean_out", "ln_rstd_out")
                           if n in blocks])
     nl = sch.get_loops(norm)[1:]

@@ -38,6 +38,17 @@ picks a divisor of OW wherever one comes close; the tuner may still choose any w
 input blocks outermost (``k_outer``) the partial tile is split off by ``sch.loop_partition``
 into a loop of its own, unpredicated, and costs only what it computes (7-wide maps: 2 blocks x
 4 positions, then 2 x 3).
+
+AVX-512 (16 lanes, 32 registers; ``docs/avx512.md``): the register count allows 2 blocks x 14
+positions, but LLVM did not keep such a tile in registers (its accumulators went to memory at
+every input channel: 270 stores and 16-40 stack accesses per 448 FMAs in the inner loop, 67% of
+the FMA rate in llvm-mca's znver5 model without counting the store-to-load chains). The
+defaults there are the tiles LLVM does keep: one block x up to 14 positions, whose FMAs read
+their broadcast input from memory (``{1to16}``, as OpenPPL's ``blk1x14`` and oneDNN), or 2-4
+blocks x up to 6 positions sharing a broadcast register (MLAS's 4 x 6); the cost model charges a
+broadcast into a register half an FMA (:class:`~topi_bn.schedules.cpu.CpuParams`), which picks
+1 x 14 on maps of 14 columns and more, 1 x 7 or 4 x 5 (input blocks outermost) on 7x7 maps.
+Nothing of this was timed on an AVX-512 CPU.
 """
 from __future__ import annotations
 
@@ -117,18 +128,40 @@ class NchwcConvConfig:
     def max_oc_blocks(s: NchwcShape) -> int:
         return 2 if s.depthwise else 4
 
-    @staticmethod
-    def max_positions(s: NchwcShape, p, oc_blocks: int) -> int:
+    #: Most output positions of a one-block tile where the FMAs read their broadcast input from
+    #: memory (AVX-512), as OpenPPL's n16cx ``blk1x14`` kernel. LLVM keeps 14 accumulators in
+    #: registers over the reduction; 16 it stores at every iteration of the reduction loop, 28
+    #: about half of them at every input channel (221 stores per 448 FMAs; compiled for znver5,
+    #: znver4 and sapphirerapids alike).
+    EMBEDDED_POSITIONS = 14
+    #: Most output positions of a depthwise tile on AVX-512 (as with AVX2's 16 registers):
+    #: its 9 weight vectors and the input vectors of a stride-2 row want registers too; 14 and
+    #: 16 positions spilled 24-34 times per tile compiled for sapphirerapids.
+    DEPTHWISE_POSITIONS = 8
+    #: Most output positions of a tile whose broadcast input several blocks share, with 32
+    #: registers: 6, as MLAS's AVX-512 NCHWc kernels (up to 4 filter blocks x 6 outputs). LLVM
+    #: compiled tiles of 2-4 blocks x 7 or more positions for znver5 with 50-340 stack accesses
+    #: or the accumulators in memory in the inner loop, and those of 6 or fewer with none.
+    SHARED_POSITIONS = 6
+
+    @classmethod
+    def max_positions(cls, s: NchwcShape, p, oc_blocks: int) -> int:
         """Most output positions a tile of ``oc_blocks`` blocks may hold within the vector
         registers: ``oc_blocks * (positions + 1) + 1`` of them are live in the inner loop (the
         accumulators, the current input channel's ``oc_blocks`` weight vectors, one broadcast
         input; LLVM keeps the weights in registers rather than as FMA memory operands, and one
         register too many spills an accumulator in the inner loop, which costs 30-50%). A
         depthwise tile uses half of them: its ``KH x KW`` weight vectors are reused across the
-        tile and want registers too."""
+        tile and want registers too. With AVX-512's embedded broadcasts the count is not what
+        limits: what LLVM keeps in registers is (:data:`EMBEDDED_POSITIONS`,
+        :data:`SHARED_POSITIONS`)."""
         if s.depthwise:
-            return max(1, p.vector_registers // 2 // oc_blocks)
-        return max(1, (p.vector_registers - 1) // oc_blocks - 1)
+            fit = max(1, p.vector_registers // 2 // oc_blocks)
+            return min(fit, cls.DEPTHWISE_POSITIONS) if p.embedded_broadcast else fit
+        fit = max(1, (p.vector_registers - 1) // oc_blocks - 1)
+        if p.embedded_broadcast:
+            return min(fit, cls.EMBEDDED_POSITIONS if oc_blocks == 1 else cls.SHARED_POSITIONS)
+        return fit
 
     @classmethod
     def default(cls, s: NchwcShape, p) -> "NchwcConvConfig":
@@ -161,7 +194,10 @@ class NchwcConvConfig:
         ``remainder_loop`` a partial last tile costs what it computes (it runs in a loop of its
         own) but must leave a vector register spare (a tile using all 16 AVX2 registers ran
         the 1x1 160->960 conv at 7x7 11% slower than 1 block x 7); else it costs
-        :data:`PARTIAL_TILE_PENALTY` times more."""
+        :data:`PARTIAL_TILE_PENALTY` times more. With AVX-512, a 1x1 conv's full tiles and its
+        remainder are one loop body (no kernel loop between them), which LLVM interleaves: the
+        whole row must be a tile it keeps in registers (4 blocks x 5 + 2 positions spilled 115
+        times per 448 FMAs)."""
         best = None
         for kt in divisors(s.oc_chunks, cls.max_oc_blocks(s)):
             most = cls.max_positions(s, p, kt)
@@ -170,8 +206,11 @@ class NchwcConvConfig:
                     rest = s.out_w % tw
                     if remainder_loop and rest and kt * (th * tw + 1) + 1 >= p.vector_registers:
                         continue
+                    if remainder_loop and rest and p.embedded_broadcast and s.kernel == 1 \
+                            and th * s.out_w > most:
+                        continue
                     cost = _tile_cost(kt, th, tw, s.out_w,
-                                      1.0 if remainder_loop else PARTIAL_TILE_PENALTY)
+                                      1.0 if remainder_loop else PARTIAL_TILE_PENALTY, p)
                     # at equal cost: a tile that divides OW, then the larger tile, then fewer
                     # channel blocks (a smaller slice of the weights streamed per tile: 2x2
                     # positions x 2 blocks beat 1x2 x 4 blocks by 5-12% on 14-wide maps), then
@@ -217,19 +256,28 @@ PARTIAL_TILE_PENALTY = 2.0
 
 
 def _tile_cost(kt: int, th: int, tw: int, out_w: int,
-               partial_penalty: float = PARTIAL_TILE_PENALTY) -> float:
+               partial_penalty: float = PARTIAL_TILE_PENALTY, p=None) -> float:
     """Estimated cycles per FMA of a row of ``out_w`` outputs in tiles of ``kt x th x tw``
-    (the last tile partial), on a core with two FMA pipes of latency 4 and about 1.5 vector
-    loads per cycle: a tile's step over one input channel takes the longest of its FMAs, its
-    loads (``kt`` weight vectors, one broadcast per position) and one FMA latency (each
-    accumulator depends on its previous FMA). A row with a partial last tile costs
+    (the last tile partial), relative to the FMA pipes' rate: a tile's step over one input
+    channel takes the longest of its FMAs (``p.fma_per_cycle``, 2 pipes; with broadcasts into a
+    register, each costs ``p.broadcast_cost`` FMAs more), its loads (``kt`` weight vectors, one
+    broadcast per position, at ``p.loads_per_cycle``) and one FMA latency (each accumulator
+    depends on its previous FMA). A one-block tile on AVX-512 reads its broadcasts as FMA memory
+    operands (``p.embedded_broadcast``): no broadcast cost. A row with a partial last tile costs
     ``partial_penalty`` times more (:data:`PARTIAL_TILE_PENALTY`: predicated FMAs, accumulators
-    in memory; 1 where the partial tile runs in a loop of its own)."""
+    in memory; 1 where the partial tile runs in a loop of its own). ``p`` None: the AVX2 model
+    (2 FMAs and 1.5 loads per cycle, latency 4, broadcasts free), which the AVX2 defaults were
+    measured against on Zen 3."""
+    fmas = 2.0 if p is None else p.fma_per_cycle
+    loads = 1.5 if p is None else p.loads_per_cycle
+    latency = 4.0 if p is None else float(p.fma_latency)
+    bcast = 0.0 if p is None or p.embedded_broadcast and kt == 1 else p.broadcast_cost
+
     def step(n):
-        return max(kt * n / 2.0, (kt + n) / 1.5, 4.0)
+        return max((kt + bcast) * n / fmas, (kt + n) / loads, latency)
     full, rest = divmod(out_w, tw)
     cycles = full * step(th * tw) + (step(th * rest) if rest else 0.0)
-    return cycles / (kt * th * out_w / 2.0) * (partial_penalty if rest else 1.0)
+    return cycles / (kt * th * out_w / fmas) * (partial_penalty if rest else 1.0)
 
 
 def nchwc_shape(sch: tvm.s_tir.Schedule, conv, act, depthwise: bool) -> NchwcShape:

@@ -15,6 +15,14 @@ partial sums, the bias and the activation. Measured on Zen 3 (2 threads, weight 
 1280x1000 0.256 -> 0.157 ms, 2048x1000 0.408 -> 0.249 ms (33 GB/s, the copy bandwidth) against
 the former tiles over N, whose accumulators stayed in registers but read the weight in strided
 row segments (20 GB/s). When K is not a multiple of the cores the former schedule is kept.
+
+The vectors over N have the target's lanes when they divide N, else the largest power of two
+that does (:func:`vector_width`): 1000 classes on AVX-512 run in vectors of 8 (the weight comes
+from memory once; 8 lanes of FMAs outrun that by far). A split by 16 left a ``T.where`` on the
+vector loop, which LLVM compiled for znver5 to masked gathers and scatters (104 of them per 16
+FMAs; issue 26: 0.94 / 1.67 ms for 1280x1000 / 2048x1000 on Zen 5, where reading the weight
+takes 0.07 / 0.11 ms). Where no power of two of at least 4 divides N (odd N) the N loop stays
+serial and LLVM's loop vectorizer makes it full-width vectors and a remainder.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ import tvm
 from tvm.target import Target
 
 from .common import ScheduleRule, sole_reduction
-from .helpers import cpu_params
+from .helpers import cpu_params, vector_width
 
 __all__ = ["Matvec", "schedule_matvec", "matvec_block"]
 
@@ -55,17 +63,16 @@ def matvec_block(sch: tvm.s_tir.Schedule):
     return b
 
 
-def _tile(n: int, lanes: int, cores: int) -> int:
-    """Tile width over N: whole vectors, dividing N when possible, at most
-    MAX_TILE_VECTORS vectors, and enough tiles to feed every core."""
-    best = None
-    for vecs in range(MAX_TILE_VECTORS, 0, -1):
-        t = vecs * lanes
-        if n % t == 0 and n // t >= cores:
-            return t
-        if best is None and n // t >= cores:
-            best = t
-    return best or lanes
+def _tile(n: int, width: int, lanes: int, cores: int) -> int:
+    """Tile width over N, dividing it: whole registers (``width == lanes``), at most
+    MAX_TILE_VECTORS of them, the most that leave a tile for every core; one vector of ``width``
+    when that is part of a register (a longer vector that is not a multiple of the register is
+    scalarized by LLVM); for a serial loop (``width`` 1), the longest up to as many elements."""
+    most = MAX_TILE_VECTORS * lanes
+    if width == lanes or width == 1:
+        fits = [t for t in range(width, most + 1, width) if n % t == 0 and n // t >= cores]
+        return max(fits, default=width)
+    return width
 
 
 class Matvec(ScheduleRule):
@@ -94,10 +101,13 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     out = _output_block(sch, b)
     if out is False:
         return False
+    width = vector_width(int(n_ext), lanes)
+    if width < min(4, lanes):
+        width = 1  # odd N: a serial loop, which LLVM vectorizes with a remainder
     if p.cores > 1 and int(k_ext) % p.cores == 0:
-        _rows_per_core(sch, b, p.cores, lanes)
+        _rows_per_core(sch, b, p.cores, width)
     else:
-        _tiles_over_n(sch, b, out, _tile(int(n_ext), lanes, p.cores))
+        _tiles_over_n(sch, b, out, _tile(int(n_ext), width, lanes, p.cores), width)
     return True
 
 
@@ -121,39 +131,48 @@ def _output_block(sch: tvm.s_tir.Schedule, b):
     return out if len(sch.get_loops(out)) == 2 else False
 
 
-def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, lanes: int) -> None:
-    """K split into one chunk of rows per core, each streamed into a partial sum over all N;
-    then the partial sums added with the epilogue (not scheduled)."""
+def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, width: int) -> None:
+    """K split into one chunk of rows per core, each streamed into a partial sum over all N in
+    vectors of ``width`` (1: a serial loop); then the partial sums added with the epilogue
+    (not scheduled)."""
     _, _, k = sch.get_loops(b)
     ko, _ = sch.split(k, [cores, None])
     rf = sch.rfactor(ko, 0)
     m, n, ko, ki = sch.get_loops(rf)
-    no, ni = sch.split(n, [None, lanes])
-    sch.reorder(ko, m, ki, no, ni)
+    if width > 1:
+        no, ni = sch.split(n, [None, width])
+        sch.reorder(ko, m, ki, no, ni)
+        sch.vectorize(ni)
+    else:
+        sch.reorder(ko, m, ki, n)
     sch.parallel(ko)
-    sch.vectorize(ni)
     sch.decompose_reduction(rf, ki)
     # the cores' partial sums, the bias and the activation: N * (cores + 1) scalar adds, left
     # serial (about a microsecond for a 1000-class classifier)
 
 
-def _tiles_over_n(sch: tvm.s_tir.Schedule, b, out, tile: int) -> None:
-    """Tiles of ``tile`` outputs in parallel, each accumulating in registers over all of K."""
+def _tiles_over_n(sch: tvm.s_tir.Schedule, b, out, tile: int, width: int) -> None:
+    """Tiles of ``tile`` outputs (dividing N) in parallel, each accumulating in registers over
+    all of K; vectorized where the vector ``width`` is more than 1."""
+    def vectorize(loop):
+        if width > 1:
+            sch.vectorize(loop)
+
     if out is None:  # the product is the output
         m, nl, k = sch.get_loops(b)
         no, ni = sch.split(nl, [None, tile])
         sch.reorder(m, no, k, ni)
         sch.parallel(sch.fuse(m, no))
-        sch.vectorize(ni)
+        vectorize(ni)
         sch.decompose_reduction(b, k)
         return
     m, nl = sch.get_loops(out)
     no, ni = sch.split(nl, [None, tile])
     task = sch.fuse(m, no)
     sch.parallel(task)
-    sch.vectorize(ni)
+    vectorize(ni)
     sch.compute_at(b, task, preserve_unit_loops=True)
     c_n, c_k = sch.get_loops(b)[-2:]
     sch.reorder(c_k, c_n)
-    sch.vectorize(c_n)
+    vectorize(c_n)
     sch.decompose_reduction(b, c_k)

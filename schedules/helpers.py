@@ -25,7 +25,7 @@ from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
 __all__ = [
     "CpuParams", "cpu_params", "divisors", "largest_divisor", "extent", "loops_under",
-    "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile",
+    "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile", "vector_width",
 ]
 
 
@@ -44,6 +44,24 @@ class CpuParams:
         Architectural SIMD registers (32 with AVX-512 and aarch64, 16 with AVX2/SSE).
     l1_bytes, l2_bytes : int
         Per-core data cache sizes used to size cache blocks.
+    fma_per_cycle : float
+        Vector FMAs a core starts per cycle: two pipes on the x86 cores of the project (Zen 4
+        runs a 512-bit FMA over both of its 256-bit pipes: half the FMAs, the same lanes).
+    loads_per_cycle : float
+        Loads (vectors or broadcast scalars) per cycle the register-tile cost counts on: 1.5
+        with AVX2 (the model the AVX2 defaults were measured against on Zen 3), 3 with AVX-512
+        (Zen 4 and Zen 5 have 3 and 4 load pipes, Sapphire Rapids 3 load ports; a broadcast
+        reads 4 bytes).
+    fma_latency : int
+        Cycles from an FMA to the next FMA on its accumulator.
+    embedded_broadcast : bool
+        An FMA can read its broadcast operand from memory (AVX-512's ``{1to16}``): a register
+        tile of one channel block then needs no register and no shuffle for its input values.
+    broadcast_cost : float
+        FMA-pipe time of a broadcast into a register, in FMAs: 0 with AVX2 (a load); 0.5 with
+        AVX-512 (llvm-mca's Zen 4 / Zen 5 model runs a 512-bit ``vbroadcastss`` from memory on
+        FP1, one of the two FMA pipes, for half a 512-bit FMA's time; on Intel cores it is a
+        load-port operation, which makes 0.5 pessimistic there).
     """
 
     lanes: int
@@ -51,6 +69,11 @@ class CpuParams:
     vector_registers: int
     l1_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
+    fma_per_cycle: float = 2.0
+    loads_per_cycle: float = 1.5
+    fma_latency: int = 4
+    embedded_broadcast: bool = False
+    broadcast_cost: float = 0.0
 
     @property
     def accumulators(self) -> int:
@@ -63,12 +86,26 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
     """:class:`CpuParams` of a CPU ``target``; cache sizes are parameters (LLVM targets do not
     carry them)."""
     aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
-    regs = 32 if aarch64 or vector_bits(target) >= 512 else 16
+    avx512 = not aarch64 and vector_bits(target) >= 512
+    regs = 32 if aarch64 or avx512 else 16
+    issue = dict(loads_per_cycle=3.0, embedded_broadcast=True, broadcast_cost=0.5) if avx512 \
+        else {}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
-                     vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes)
+                     vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
 
 
 # -- divisors -------------------------------------------------------------------------------------
+def vector_width(n: int, lanes: int) -> int:
+    """Elements of one vector over an axis of ``n`` (which the vector must divide, so that no
+    vector loop needs a predicate): ``lanes``, else the largest power of two below that divides
+    it (a part-width register; LLVM handles odd vector lengths poorly): 8 for 1000 on
+    AVX-512."""
+    width = lanes
+    while n % width:
+        width //= 2
+    return width
+
+
 def divisors(n: int, limit: int | None = None) -> list[int]:
     """The divisors of ``n`` (at most ``limit``), ascending."""
     return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]

@@ -636,3 +636,190 @@ def test_input_blocks_outermost_on_small_maps_only():
     for name in ("conv1x1_1024_2048_14_s2_none", "conv3x3_128_128_28_s1_relu",
                  "conv1x1_64_64_56_s1_relu"):
         assert not cfg(name).k_outer, name
+
+
+# -- AVX-512 (16 lanes, 32 registers): default tiles, their code, their numerics -----------------------
+_NETWORKS = ("resnet50", "resnet18", "mobilenetv2")
+
+
+def _blocked_configs(target_name, block):
+    """``(workload, NchwcShape, default NchwcConvConfig)`` of every network's blocked convs of
+    ``block`` lanes on ``target_name`` (depthwise left out)."""
+    from topi_bn import workloads
+    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+    from topi_bn.tuning import workload_prim_func
+
+    target = resolve_target(target_name)
+    p = cpu_params(target)
+    out = []
+    for net in _NETWORKS:
+        for w in workloads.list_workloads(f"{net}-nchw{block}c"):
+            if ".dw3x3" not in w.name:
+                s = _conv_shape(workload_prim_func(w, "float32", target))
+                out.append((w, s, NchwcConvConfig.default(s, p)))
+    return out
+
+
+@pytest.mark.parametrize("target_name", ["x86-avx512", {"kind": "llvm", "mcpu": "znver5"}],
+                         ids=["x86-avx512", "znver5"])
+def test_avx512_default_tiles_are_what_llvm_keeps_in_registers(target_name):
+    """With 32 registers the register count is not the limit, LLVM is: a one-block tile (its
+    broadcasts read by the FMAs from memory) of at most 14 positions, a tile of 2-4 blocks
+    sharing a broadcast of at most 6 (the 2 blocks x 14 positions the register count allowed
+    kept its accumulators in memory: 270 stores per 448 FMAs in the inner loop)."""
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+
+    configs = _blocked_configs(target_name, 16)
+    assert len(configs) > 50
+    for w, s, cfg in configs:
+        positions = cfg.tile_h * cfg.tile_w
+        limit = NchwcConvConfig.EMBEDDED_POSITIONS if cfg.oc_blocks == 1 \
+            else NchwcConvConfig.SHARED_POSITIONS
+        assert positions <= limit, (w.name, cfg)
+        assert cfg.oc_blocks * cfg.tile_h * cfg.tile_w >= 7, (w.name, cfg)  # FMA latency
+        assert cfg.k_outer or s.out_w % cfg.tile_w == 0, (w.name, cfg)
+
+
+def test_avx2_cost_model_and_defaults_are_unchanged():
+    """The AVX-512 terms of the tile cost (load rate, broadcast cost, embedded broadcasts) leave
+    the AVX2 model as it was (what the shipped x86-avx2 log was verified against): the cost of
+    every tile and the positions per block equal the former formula's, and the defaults of
+    representative ResNet-50 layers are the ones measured on Zen 3."""
+    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig, NchwcShape, _tile_cost
+
+    p = cpu_params(resolve_target("x86-avx2"))
+    assert (p.loads_per_cycle, p.broadcast_cost, p.embedded_broadcast) == (1.5, 0.0, False)
+    for kt in (1, 2, 3, 4):
+        assert NchwcConvConfig.max_positions(
+            NchwcShape(8, 14, 14, 8, 9, 576, False), p, kt) == max(1, 15 // kt - 1)
+        for th in (1, 2):
+            for tw in range(1, 8):
+                for out_w in (7, 14, 28, 56):
+                    for penalty in (1.0, 2.0):
+                        assert _tile_cost(kt, th, tw, out_w, penalty, p) == \
+                            _tile_cost(kt, th, tw, out_w, penalty)
+    pinned = {  # name: (oc_blocks, tile_h, tile_w, task_rows, rows_outer, k_outer)
+        "resnet50.conv1x1_256_64_56_s1_relu.nchw8c": (2, 1, 4, 1, True, False),
+        "resnet50.conv3x3_128_128_56_s2_relu.nchw8c": (2, 1, 4, 1, False, False),
+        "resnet50.conv3x3_256_256_28_s2_relu.nchw8c": (2, 2, 2, 2, False, False),
+        "resnet50.conv3x3_256_256_14_s1_relu.nchw8c": (2, 2, 2, 14, False, True),
+        "resnet50.conv1x1_1024_2048_14_s2_none.nchw8c": (1, 1, 7, 1, True, False),
+        "resnet50.conv3x3_512_512_7_s1_relu.nchw8c": (2, 1, 4, 7, False, True),
+    }
+    got = {w.name: (c.oc_blocks, c.tile_h, c.tile_w, c.task_rows, c.rows_outer, c.k_outer)
+           for w, _, c in _blocked_configs("x86-avx2", 8) if w.name in pinned}
+    assert got == pinned
+
+
+# layers whose AVX-512 default is each tile shape the defaults use: 1 block x 14 (stride 1 and 2,
+# 1x1, 3x3, 7x7 stem), 1 x 14 with input blocks outermost (14x14), 1 x 7 (7x7), 4 blocks x 5 and
+# a remainder loop of 2 (7x7, input blocks outermost), 8-lane blocks (24 channels)
+AVX512_LAYERS = [
+    "resnet50.conv3x3_128_128_56_s2_relu.nchw16c",
+    "resnet50.conv1x1_256_64_56_s1_relu.nchw16c",
+    "resnet50.conv7x7_3_64_224_s2_relu.nchw16c",
+    "resnet50.conv1x1_256_1024_14_s1_relu_res.nchw16c",
+    "resnet50.conv1x1_1024_2048_14_s2_none.nchw16c",
+    "resnet50.conv3x3_512_512_7_s1_relu.nchw16c",
+    "mobilenetv2.conv1x1_960_320_7_s1_none.nchw16c",
+    "resnet50.conv1x1_2048_512_7_s1_relu.nchw16c",
+    "mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c",
+]
+
+
+@pytest.mark.parametrize("mcpu", ["znver5", "sapphirerapids"])
+@pytest.mark.parametrize("name", AVX512_LAYERS)
+def test_avx512_default_inner_loop_keeps_the_tile_in_registers(name, mcpu):
+    """Compiled for the AVX-512 CPU (not run): the reduction's inner loop of the default tile
+    has packed FMAs and no stack access, its accumulators stay in registers (no vector store;
+    with input blocks outermost, one per accumulator per block of 16 input channels, where the
+    tile's sums go back to the task's buffer in L1), and, where llvm-mca is installed, its
+    model predicts at least 85% of the FMA pipes' rate. The former default (2 blocks x 14
+    positions) had 16-40 stack accesses and about 280 stores per 448 FMAs in that loop, 67%
+    in llvm-mca's znver5 model."""
+    from topi_bn.testing.asm import MCA, compile_workload, hot_loop, run_mca
+
+    loop = hot_loop(compile_workload(name, mcpu))
+    assert loop.fmas >= 16 and loop.width == ("ymm" if "_24_" in name else "zmm"), loop.width
+    assert loop.spills == 0 and 16 * loop.vector_stores <= loop.fmas, \
+        (loop.spills, loop.vector_stores, loop.fmas)
+    if MCA is not None:
+        assert run_mca(loop, mcpu).fma_util >= 0.85
+
+
+@pytest.mark.parametrize("mcpu", ["znver5", "sapphirerapids"])
+@pytest.mark.parametrize("name", ["mobilenetv2.dw3x3_96_96_112_s2_relu6.nchw16c",
+                                  "mobilenetv2.dw3x3_144_144_56_s2_relu6.nchw16c"])
+def test_avx512_default_depthwise_tile_has_no_spills(name, mcpu):
+    """A depthwise tile's loop (9 taps per output, then the epilogue and the store) compiled
+    for the AVX-512 CPU has 512-bit FMAs and no stack access: 8 positions at most (14 and 16
+    spilled 24-34 times per tile compiled for sapphirerapids)."""
+    from topi_bn.testing.asm import compile_workload, hot_loop
+
+    loop = hot_loop(compile_workload(name, mcpu))
+    assert loop.width == "zmm" and loop.fmas >= 7 * 10 and loop.spills == 0
+
+
+AVX512_NUMERICS = AVX512_LAYERS[:1] + AVX512_LAYERS[2:-2] + AVX512_LAYERS[-1:] + [
+    "mobilenetv2.dw3x3_96_96_112_s2_relu6.nchw16c",
+    "mobilenetv2.dw3x3_32_32_112_s1_relu6.nchw16c",
+    "mobilenetv2.conv1x1_96_576_14_s1_relu6.nchw16c",
+]
+
+
+@pytest.mark.parametrize("name", AVX512_NUMERICS)
+def test_avx512_defaults_match_float64_compiled_for_avx2(name):
+    """The kernels a 16-lane build runs, scheduled with the AVX-512 defaults (``x86-avx512``)
+    and compiled for AVX2 (LLVM splits each 16-lane vector in two), against the float64
+    reference: every tile shape of the defaults, depthwise included."""
+    _need_avx2()
+    from topi_bn import workloads
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+    from topi_bn.testing import run_prim_func
+    from topi_bn.tuning import workload_prim_func
+
+    avx512 = resolve_target("x86-avx512")
+    w = workloads.get(name)
+    func = workload_prim_func(w, "float32", avx512)
+    mod, tuned = schedule_prim_func(func, avx512, tuning_logs=None)
+    assert not tuned
+    if ".dw3x3" not in name:  # the schedule is the AVX-512 default
+        cfg = NchwcConvConfig.default(_conv_shape(func), cpu_params(avx512))
+        # the conv's update blocks (one per part of a row when a remainder loop follows)
+        loops = [(lp, [n for n in names if n.startswith("conv_update")])
+                 for lp, names in _loops(mod["main"])]
+        assert {int(lp.extent) for lp, names in loops
+                if lp.kind == tvm.tirx.ForKind.VECTORIZED and names} == {w.shapes["weight"][-1]}
+        unrolled = {int(lp.extent) for lp, names in loops
+                    if lp.kind == tvm.tirx.ForKind.UNROLLED and names}
+        assert {cfg.oc_blocks, cfg.tile_w} <= unrolled | {1}, (cfg, unrolled)
+    lib = tvm.compile(mod, target=resolve_target("x86-avx2"))
+    inputs = w.random_inputs()
+    expect = w.reference(*inputs)[0]
+    (got,) = run_prim_func(lib, inputs, [(expect.shape, "float32")])
+    assert_close(got, expect, "float32", scale=2.0)
+
+
+@pytest.mark.parametrize("groups,hw", [(8, 14), (4, 7), (2, 28)])
+def test_avx512_grouped_defaults_match_float64_compiled_for_avx2(rng, groups, hw):
+    """Grouped convs in blocks of 16 (one, two or four input blocks per group) with the AVX-512
+    defaults, compiled for AVX2, against float64 (defaults: 1 block x 14 positions with input
+    blocks outermost at 14x14, 1 x 7 at 7x7, 1 x 14 along rows at 28x28)."""
+    _need_avx2()
+    case = (f"grouped_g{groups}", (1, 128, hw, hw, 128, 3), groups, (16, 16), 1, 1, 1, "relu",
+            True, True)
+    arrays, kwargs = _case(rng, case, "float32")
+    ph = _placeholders(arrays)
+    out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
+    from topi_bn.schedules import apply_default_schedules
+    from topi_bn.testing import run_prim_func
+
+    mod = apply_default_schedules(
+        tvm.IRModule({"main": te.create_prim_func(list(ph.values()) + [out])}), "x86-avx512")
+    lib = tvm.compile(mod, target=resolve_target("x86-avx2"))
+    (got,) = run_prim_func(lib, list(arrays.values()), [(tuple(out.shape), "float32")])
+    _check(got, arrays, kwargs, "float32")

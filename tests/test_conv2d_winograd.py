@@ -320,3 +320,48 @@ def test_a_record_of_the_registry_winograd_kernel_applies_in_a_network_build(tmp
     assert "convs on topi-bn kernels 1" in notes[log]
     assert "kernels without a tuning record 0" in notes[log]
     assert "kernels without a tuning record 1" in notes[None]
+
+
+# -- AVX-512: the registry's 16-lane kernels -------------------------------------------------------
+WINOGRAD16 = ["resnet50.conv3x3_64_64_56_s1_relu.nchw16c.winograd4",
+              "resnet50.conv3x3_128_128_28_s1_relu.nchw16c.winograd4",
+              "resnet50.conv3x3_256_256_14_s1_relu.nchw16c.winograd2",
+              "resnet50.conv3x3_512_512_7_s1_relu.nchw16c.winograd2.folded"]
+
+
+@pytest.mark.parametrize("name", WINOGRAD16)
+def test_avx512_winograd_kernel_matches_float64_compiled_for_avx2(name):
+    """The 16-lane Winograd kernels a ResNet build runs on AVX-512 (register tiles of 4 blocks
+    x 4-5 tiles), scheduled with the x86-avx512 defaults and compiled for AVX2 (LLVM splits the
+    vectors), against the float64 direct conv."""
+    if not host_can_run("x86-avx2")[0]:
+        pytest.skip("this CPU cannot run x86-avx2 code")
+    from topi_bn import workloads as W
+    from topi_bn.schedules import apply_default_schedules
+    from topi_bn.testing import run_prim_func
+
+    w = W.get(name)
+    args = w.te_args()
+    outs = w.compute(*args)  # a list of the outputs
+    mod = apply_default_schedules(
+        tvm.IRModule({"main": te.create_prim_func(list(args) + list(outs))}), "x86-avx512")
+    assert {int(n) for n in re.findall(r"T\.vectorized\((\d+)\)", mod.script())} == {16}
+    lib = tvm.compile(mod, target=resolve_target("x86-avx2"))
+    inputs = w.random_inputs()
+    expect = w.reference(*inputs)[0]
+    (got,) = run_prim_func(lib, inputs, [(expect.shape, "float32")])
+    assert_close(got, expect, "float32", scale=2.0)
+
+
+@pytest.mark.parametrize("mcpu", ["znver5", "sapphirerapids"])
+def test_avx512_winograd_products_keep_the_tile_in_registers(mcpu):
+    """Compiled for the AVX-512 CPU (not run): the products' inner loop (4 blocks x 5 tiles,
+    the shape of MLAS's 4 x 6) has 512-bit FMAs, no stack access, no vector store, and where
+    llvm-mca is installed at least 85% of the FMA pipes' rate in its model."""
+    from topi_bn.testing.asm import MCA, compile_workload, hot_loop, run_mca
+
+    loop = hot_loop(compile_workload(WINOGRAD16[1], mcpu))
+    assert loop.width == "zmm" and loop.fmas == 4 * 5 * 16
+    assert loop.spills == 0 and loop.vector_stores == 0
+    if MCA is not None:
+        assert run_mca(loop, mcpu).fma_util >= 0.85

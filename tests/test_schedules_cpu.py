@@ -261,3 +261,123 @@ def test_metaschedule_tunes_the_template(tmp_path, meta_schedule_logger_without_
     refs = w.reference(*[as_float64(a) for a in ins])
     out = run_prim_func(lib, ins, [(refs[0].shape, "float32")])[0]
     np.testing.assert_allclose(out, refs[0], atol=4e-4, rtol=4e-4)
+
+
+# -- 16 lanes: no vector loop needs a predicate --------------------------------------------------------
+def _lane_predicated(func) -> list[str]:
+    """Blocks whose predicate (``T.where``) depends on a vectorized loop above them: a vector
+    loop that runs past the data, which LLVM compiles to masked, gathered or scalar code (the
+    classifier's 1000 outputs split by 16 lanes had no 512-bit FMA left)."""
+    found = []
+
+    def walk(stmt, lanes):
+        if isinstance(stmt, tvm.tirx.For):
+            if stmt.kind == tvm.tirx.ForKind.VECTORIZED:
+                lanes = lanes | {stmt.loop_var}
+            walk(stmt.body, lanes)
+        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
+            used = set(tvm.tirx.analysis.undefined_vars(stmt.predicate))
+            if lanes & used:
+                found.append(stmt.block.name_hint)
+            walk(stmt.block.body, lanes)
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, lanes)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body, lanes)
+
+    walk(func.body, frozenset())
+    return found
+
+
+def _graph_op_funcs():
+    """The ops between a blocked network's convs as TVM legalizes them, at channel counts whose
+    blocks (or rows) are not a multiple of 16: ``(name, func, schedule function)``."""
+    from tvm import relax
+
+    from topi_bn.schedules import cpu_dense, cpu_layout, cpu_pool
+    from topi_bn.testing import legalized_prim_func
+
+    def pool(kind, shape, layout, size=3, stride=2, pad=1):
+        op = getattr(relax.op.nn, kind)
+        return legalized_prim_func(lambda x: op(x, [size, size], [stride, stride], [pad] * 4,
+                                                layout=layout, out_layout=layout), shape)
+
+    def classifier(k, n):
+        x = te.placeholder((1, k), name="x")
+        w = te.placeholder((k, n), name="w")
+        b = te.placeholder((n,), name="b")
+        r = te.reduce_axis((0, k), name="r")
+        mm = te.compute((1, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="matmul")
+        y = te.compute((1, n), lambda i, j: mm[i, j] + b[j], name="T_add")
+        return te.create_prim_func([x, w, b, y])
+
+    return [
+        ("max_pool_nchw16c", pool("max_pool2d", (1, 4, 112, 112, 16), "NCHW16c"),
+         cpu_pool.schedule_pool),
+        ("max_pool_nchw8c_24ch", pool("max_pool2d", (1, 3, 56, 56, 8), "NCHW8c"),
+         cpu_pool.schedule_pool),
+        ("avg_pool_nchw16c", pool("avg_pool2d", (1, 2, 7, 7, 16), "NCHW16c", 3, 1, 1),
+         cpu_pool.schedule_pool),
+        ("global_mean_nchw16c", legalized_prim_func(
+            lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 128, 7, 7, 16)),
+         cpu_pool.schedule_pool),
+        ("to_nchw8c_24ch", legalized_prim_func(
+            lambda x: relax.op.layout_transform(x, index_map=lambda n, c, h, w: (
+                n, c // 8, h, w, c % 8)), (1, 24, 56, 56)), cpu_layout.schedule_layout_transform),
+        ("from_nchw16c", legalized_prim_func(
+            lambda x: relax.op.layout_transform(x, index_map=lambda n, c, h, w, ci: (
+                n, c * 16 + ci, h, w)), (1, 4, 28, 28, 16)), cpu_layout.schedule_layout_transform),
+        ("classifier_1000", classifier(2048, 1000), cpu_dense.schedule_matvec),
+        ("classifier_1000_odd_k", classifier(95, 1000), cpu_dense.schedule_matvec),
+    ]
+
+
+AWKWARD_16 = [  # shapes whose vectorized axes are not multiples of 16
+    _bn("bn_infer_nchw_7x7", "batch_norm_infer", (1, 24, 7, 7), 1),
+    _bn("bn_infer_nhwc_24", "batch_norm_infer", (1, 7, 7, 24), -1),
+    _bn("bn_train_nchw_7x7", "batch_norm_train", (2, 24, 7, 7), 1),
+    _bn("bn_train_nhwc_24", "batch_norm_train", (2, 7, 7, 24), -1),
+    Workload("layer_norm_1000", "layer_norm",
+             {"data": (4, 1000), "gamma": (1000,), "beta": (1000,)}, {"axis": -1}),
+    Workload("layer_norm_24", "layer_norm", {"data": (4, 24), "gamma": (24,), "beta": (24,)},
+             {"axis": -1}),
+    _conv("conv3x3_nhwc_24", (1, 7, 7, 8), (3, 3, 8, 24), 24, padding=1, layout="NHWC"),
+]
+
+
+@pytest.mark.parametrize("mcpu", ["skylake-avx512", "znver5"])
+def test_avx512_vector_loops_have_no_lane_predicate(mcpu):
+    """Scheduled for 16 lanes (AVX-512 targets; nothing is compiled or run), no vectorized loop
+    of any CPU schedule runs past its data: topi-bn's ops (NCHW convs, batch-norm, layer_norm,
+    the blocked convs, depthwise and Winograd kernels of the networks) and the ops a blocked
+    graph has between its convs (pools, global pooling, layout transforms, the classifier),
+    at channel counts and widths that 16 does not divide."""
+    from topi_bn.tuning import workload_prim_func
+
+    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    # the check sees the former classifier schedule's predicate (1000 split by 16)
+    a = te.placeholder((1000,), name="a")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, te.compute((1000,), lambda i: a[i] * 2.0,
+                                                                name="y")]))
+    sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])[1])
+    assert _lane_predicated(sch.mod["main"]) == ["y"]
+    bad = {}
+    for w in CASES + AWKWARD_16:
+        mod = apply_default_schedules(tvm.IRModule({"main": w.prim_func()}), target)
+        bad[w.name] = _lane_predicated(mod["main"])
+    for name in ("mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c",
+                 "mobilenetv2.dw3x3_144_144_56_s2_relu6.nchw16c",
+                 "mobilenetv2.dw3x3_960_960_7_s1_relu6.nchw16c",
+                 "resnet50.conv3x3_512_512_7_s1_relu.nchw16c",
+                 "resnet50.conv3x3_512_512_7_s1_relu.nchw16c.winograd2"):
+        mod = apply_default_schedules(
+            tvm.IRModule({"main": workload_prim_func(name, "float32", target)}), target)
+        bad[name] = _lane_predicated(mod["main"])
+    for name, func, schedule in _graph_op_funcs():
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+        assert schedule(sch, target), name
+        # (the layout transforms unroll the channel block rather than vectorize it)
+        assert "T.vectorized" in sch.mod.script() or name.startswith(("to_", "from_")), name
+        bad[name] = _lane_predicated(sch.mod["main"])
+    assert not {name: b for name, b in bad.items() if b}

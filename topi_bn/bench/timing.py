@@ -175,7 +175,7 @@ def fma_ceiling(target=None, rounds: int = 5, steps: int = 1_000_000) -> dict:
     import tvm
     from tvm.script import tirx as T
 
-    from ..schedules.cpu import cpu_params
+    from ..schedules.helpers import cpu_params
     from ..targets import host_x86_target_dict, resolve_target
 
     target = resolve_target(target if target is not None else dict(host_x86_target_dict()))
