@@ -56,10 +56,14 @@ class ScheduleRule:
         block the rule schedules: the table hands it every anchor of these ops. Empty for a rule
         on one of TVM's own ops (a pool, the classifier's product), which instead is offered
         every PrimFunc without topi-bn blocks and matches it by analysis.
+    after_ops : bool
+        A rule without ``ops`` that is also offered each topi-bn function of an untuned build
+        once its ops are scheduled (the elementwise blocks their epilogues did not absorb).
     """
 
     name: str = ""
     ops: tuple[str, ...] = ()
+    after_ops: bool = False
 
     def apply(self, sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> bool:
         """Schedule ``sch``'s function (working on it: ``sch.work_on``) for ``target``.

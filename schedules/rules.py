@@ -50,7 +50,9 @@ from tvm.target import Target
 
 from topi_bn.targets import resolve_target, target_family
 
-from . import cpu, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_layout, cpu_pool, cuda
+from . import (
+    cpu, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise, cpu_layout, cpu_pool, cuda,
+)
 from .common import (
     ANCHORS, CPU_ONLY_OPS, RULE_PREFIX, ScheduleRule, has_topi_bn_blocks, is_anchor, op_of,
     topi_bn_blocks,
@@ -73,7 +75,8 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu.LayerNorm(),
         cpu_dense.Matvec(),                 # TVM's ops: the classifier's matrix-vector product,
         cpu_pool.Pool(),                    # pools,
-        cpu_layout.LayoutTransform(),       # NCHW <-> NCHW[cb]c transforms
+        cpu_layout.LayoutTransform(),       # NCHW <-> NCHW[cb]c transforms,
+        cpu_elementwise.Elementwise(),      # elementwise ops, also a topi-bn function's leftovers
     ),
     "cuda": (
         cuda.FusedConv(),
@@ -216,6 +219,9 @@ def _schedule_topi_bn_ops(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
             continue
         sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
         schedule_function(sch, target, tunable=False)
+        for rule in rules_for(target):
+            if rule.after_ops:
+                rule.apply(sch, None, target, False)
         updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     if not updates:
         return mod

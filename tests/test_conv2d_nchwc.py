@@ -646,7 +646,7 @@ def _blocked_configs(target_name, block):
     """``(workload, NchwcShape, default NchwcConvConfig)`` of every network's blocked convs of
     ``block`` lanes on ``target_name`` (depthwise left out)."""
     from topi_bn import workloads
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
     from topi_bn.tuning import workload_prim_func
 
@@ -686,7 +686,7 @@ def test_avx2_cost_model_and_defaults_are_unchanged():
     the AVX2 model as it was (what the shipped x86-avx2 log was verified against): the cost of
     every tile and the positions per block equal the former formula's, and the defaults of
     representative ResNet-50 layers are the ones measured on Zen 3."""
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig, NchwcShape, _tile_cost
 
     p = cpu_params(resolve_target("x86-avx2"))
@@ -777,7 +777,7 @@ def test_avx512_defaults_match_float64_compiled_for_avx2(name):
     _need_avx2()
     from topi_bn import workloads
     from topi_bn.build import schedule_prim_func
-    from topi_bn.schedules.cpu import cpu_params
+    from topi_bn.schedules.helpers import cpu_params
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
     from topi_bn.testing import run_prim_func
     from topi_bn.tuning import workload_prim_func

@@ -164,6 +164,13 @@ FOUND = {
             Node("conv", (0,), (("out", 24), ("k", 3), ("stride", 2), ("padding", (1, 1)),
                                 ("dilation", 1), ("groups", 8), ("bias", True))),)),
         [Config("torch.export", "fused"), Config("onnx", "folded")]),
+    # c = conv(x); y = sigmoid(c) + c on a (1, 4, 3, 3) map: the sigmoid and the add left
+    # scalar in the conv's function, LLVM's auto-vectorizers broke the module (TVM 0.27)
+    "sigmoid_add_of_a_conv": (
+        Graph(shape=(1, 4, 3, 3), seed=3, outputs=(3,), nodes=(
+            _conv(0, 4, 1), Node("sigmoid", (1,)), Node("add", (2, 1)))),
+        [Config("torch.export", "opaque", "keep"), Config("onnx-params", "fused", "keep"),
+         Config("torch.export", "folded", "auto")]),
 }
 
 

@@ -1,0 +1,86 @@
+"""CPU schedule rule (:class:`Elementwise`, last in ``RULES["cpu"]`` of
+:mod:`topi_bn.schedules.rules`) of elementwise work that no other rule takes: a PrimFunc of TVM's
+own elementwise ops (an add and its activation outside a conv kernel), and the elementwise
+blocks FuseOps left in a topi-bn function that its epilogue could not absorb (``c = conv(x);
+y = sigmoid(c) + c``: two readers of ``c``).
+
+TVM's CPU pipeline leaves such loops scalar and LLVM's auto-vectorizers take them; on TVM 0.27
+(LLVM 17+) they broke the module on one such loop (``sigmoid(x) + x`` over 36 floats: shuffles
+that do not dominate their uses, found by the random-graph tester). Here each chain is made
+explicit instead: every elementwise producer is inlined into its consumers where TVM allows it,
+and each remaining block runs as one loop over its elements, vectorized by
+:func:`~topi_bn.schedules.helpers.vector_width` of the element count (no predicate; at least 4
+lanes, else serial), in parallel chunks when it is large.
+
+Matched: blocks whose iteration variables are all spatial (no reduction) with static extents and
+no ``schedule_rule``.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm.target import Target
+
+from .common import ScheduleRule, block_rule
+from .helpers import cpu_params, vector_width
+
+__all__ = ["Elementwise", "schedule_elementwise", "elementwise_blocks", "PARALLEL_ELEMENTS"]
+
+#: Elements of a block from which its loop is split over the cores.
+PARALLEL_ELEMENTS = 16384
+
+
+def elementwise_blocks(sch: tvm.s_tir.Schedule) -> list:
+    """The untagged all-spatial blocks with static extents under the function's root, in
+    program order."""
+    found = []
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(b)
+        if block_rule(sch, b) is not None or block.init is not None:
+            continue
+        if not all(int(iv.iter_type) == 0 and isinstance(iv.dom.extent, tvm.tirx.IntImm)
+                   for iv in block.iter_vars):
+            continue
+        found.append(b)
+    return found
+
+
+def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
+    """Inline and vectorize the elementwise blocks of ``sch``'s function (module docstring);
+    whether it changed anything."""
+    blocks = elementwise_blocks(sch)
+    if not blocks:
+        return False
+    done = False
+    for b in blocks:  # producers into their consumers (not the function's outputs)
+        try:
+            sch.compute_inline(b)
+            done = True
+        except tvm.s_tir.ScheduleError:
+            pass
+    p = cpu_params(target)
+    for b in elementwise_blocks(sch):
+        loops = sch.get_loops(b)
+        if len(loops) != len(sch.get(b).iter_vars):
+            continue  # computed at another block's loops: its owner schedules it
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        n = int(sch.get(fused).extent)
+        width = vector_width(n, p.lanes)
+        if width < 4:
+            continue
+        outer, inner = sch.split(fused, [None, width])
+        if n >= PARALLEL_ELEMENTS and p.cores > 1:
+            sch.parallel(outer)
+        sch.vectorize(inner)
+        done = True
+    return done
+
+
+class Elementwise(ScheduleRule):
+    """TVM's elementwise functions, and a topi-bn function's leftover elementwise blocks
+    (module docstring); no knobs."""
+
+    name = "cpu.elementwise"
+    after_ops = True
+
+    def apply(self, sch, anchor, target, tunable):
+        return schedule_elementwise(sch, target)
