@@ -66,14 +66,6 @@ def _vector_candidates(extent: int, lanes: int, max_vectors: int) -> list[int]:
     return [d for d in divisors(extent, lanes * max_vectors) if d <= lanes or d % lanes == 0]
 
 
-def _vectorizable(width: int) -> bool:
-    """Whether a tile of ``width`` outputs is vectorized: a power of two or at least 4 lanes.
-    TVM 0.27's LLVM codegen pads a 3-lane vector to 4 and, with an epilogue that FuseOps left
-    unfused (``c = conv(x); y = sigmoid(c) + c``), emitted shuffles that do not dominate their
-    uses (the module failed LLVM's verifier); 3-wide tiles run unrolled instead."""
-    return width >= 4 or width & (width - 1) == 0
-
-
 def _reduction_loop_names(sch: tvm.s_tir.Schedule, block) -> set:
     names = set()
     blk = sch.get(block)
@@ -170,9 +162,7 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
     sch.reorder(n, *outer, tiles["row"][1], tiles["reg"][1], tiles["vec"][1])
     tile = sch.fuse(n, *outer)
     sch.parallel(tile)
-    vectorize = _vectorizable(extent(sch, tiles["vec"][1]))
-    if vectorize:
-        sch.vectorize(tiles["vec"][1])
+    sch.vectorize(tiles["vec"][1])
 
     sch.compute_at(conv, tile, preserve_unit_loops=True)
     cl = sch.get_loops(conv)[1:]
@@ -189,11 +179,9 @@ def _schedule_conv(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool,
     sch.annotate(tile, "pragma_unroll_explicit", 1)
     sch.unroll(crow)
     sch.unroll(creg)
-    if vectorize:
-        sch.vectorize(cvec)
+    sch.vectorize(cvec)
     init = sch.decompose_reduction(conv, reds[0])
-    if vectorize:
-        vectorize_innermost(sch, init)
+    vectorize_innermost(sch, init)
 
     if "pad" in blocks:
         pad_loops = sch.get_loops(blocks["pad"])
