@@ -561,7 +561,7 @@ def conv_geometry(data: Any, weight: Any, strides: Any, padding: Any, dilation: 
                         (dh, dw), groups)
 
 
-class _ShapeOnly:
+class ShapeOnly:
     """Stands in for a tensor when only its shape matters (the unblocked view of a blocked one)."""
 
     def __init__(self, shape: tuple):
@@ -600,7 +600,7 @@ def conv_geometry_nchwc(data: Any, weight: Any, strides: Any, padding: Any, dila
     if not depthwise and wcb != cb:
         raise ValueError(f"weight: its input-channel block (dim 4) must equal data's channel "
                          f"block {cb}, got {wcb} (weight shape {wshape})")
-    geo = conv_geometry(_ShapeOnly((n, c, h, w)), _ShapeOnly((k, cg, kh, kw)), strides, padding,
+    geo = conv_geometry(ShapeOnly((n, c, h, w)), ShapeOnly((k, cg, kh, kw)), strides, padding,
                         dilation, groups, "NCHW")
     if not depthwise and geo.out_per_group % kb:
         raise ValueError(f"weight: its output-channel block {kb} (dim 5) must divide the "

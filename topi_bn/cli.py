@@ -189,11 +189,11 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_check(args, fail: Callable[[str], None]) -> None:
-    from .deploy import _model_format, library_compiler
+    from .deploy import model_format, library_compiler
     from .targets import resolve_target
 
     try:
-        _model_format(args.model, "MODEL")
+        model_format(args.model, "MODEL")
         library_compiler(resolve_target(args.target, arg_name="--target"), "--target")
     except (ValueError, TypeError) as err:
         fail(str(err))

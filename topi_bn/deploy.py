@@ -28,13 +28,13 @@ import warnings
 from typing import Any, Callable, Sequence
 
 __all__ = ["MODEL_FORMATS", "load_model", "library_compiler", "compile_model",
-           "library_arch", "run_library"]
+           "library_arch", "run_library", "model_format"]
 
 #: File suffix -> what it holds.
 MODEL_FORMATS = {".onnx": "ONNX model (onnx.save)", ".pt2": "torch.export.save program"}
 
 
-def _model_format(path: str, arg: str) -> str:
+def model_format(path: str, arg: str) -> str:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in MODEL_FORMATS:
         raise ValueError(f"{arg}: expected a {' or '.join(MODEL_FORMATS)} file, got {path!r} "
@@ -52,7 +52,7 @@ def load_model(path: str, arg: str = "model"):
     no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
     suffix or a file the reader cannot parse.
     """
-    suffix = _model_format(path, arg)
+    suffix = model_format(path, arg)
     from .relax import from_exported_program, from_onnx
 
     if suffix == ".onnx":
@@ -141,7 +141,7 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     say = progress or (lambda _line: None)
     target = resolve_target(target, arg_name="target")
     compiler = library_compiler(target)
-    _model_format(model, "model")
+    model_format(model, "model")
     out_dir = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(out_dir):
         raise ValueError(f"output: folder {out_dir!r} does not exist")

@@ -43,7 +43,7 @@ from tvm import te
 
 from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
 from .conv2d_nchwc import blocked_epilogue, check_residual
-from ..checks import _ShapeOnly, check_eps, check_rank, check_te_tensors, conv_geometry_nchwc
+from ..checks import ShapeOnly, check_eps, check_rank, check_te_tensors, conv_geometry_nchwc
 
 RULE = "topi_bn.conv2d_winograd_nchwc"
 TILES = (2, 4)
@@ -135,7 +135,7 @@ def _check(data, weight, tile, tile_block, activation, out_dtype):
             raise ValueError(f"weight: expected ({alpha}, {alpha}, K/kb, C/cb, cb, kb) for "
                              f"tile={tile}, got {wshape}")
         ko, co, cb, kb = wshape[2:]
-        return conv_geometry_nchwc(data, _ShapeOnly((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
+        return conv_geometry_nchwc(data, ShapeOnly((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
 
     geo, dtype, act, out_dtype = check_conv_args(data, weight, geometry, activation, out_dtype)
     if dtype != "float32":

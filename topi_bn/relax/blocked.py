@@ -58,7 +58,7 @@ from ..layouts import (
     ChannelBlocking, data_index_map, pack_weight, pack_winograd_weight, weight_index_map,
 )
 from ..targets import resolve_target, target_family
-from .registration import _emit_te, kernel_description
+from .registration import emit_te, kernel_description
 
 __all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
            "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES"]
@@ -445,7 +445,7 @@ class _ToBlocked(relax.PyExprMutator):
             options["activation"] = activation
         if residual is not None:
             options["residual"] = self.to_blocked(residual, spec.out_block)
-        return _emit_te(self.builder_, compute, *args, name=f"topi_bn_{compute.__name__}",
+        return emit_te(self.builder_, compute, *args, name=f"topi_bn_{compute.__name__}",
                         **options)
 
     # -- other ops ---------------------------------------------------------------------------------

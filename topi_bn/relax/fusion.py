@@ -41,7 +41,7 @@ from ..compute import conv2d_bn_relu, conv2d_shift_act
 from .analysis import (
     FunctionUses, channel_values, constant_value, is_channel_shape, op_name, static_shape,
 )
-from .registration import _emit_te
+from .registration import emit_te
 from .report import SKIP_REASONS, BatchNormOutcome
 
 __all__ = ["FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm", "fuse_conv_shift_act"]
@@ -296,7 +296,7 @@ class _Rewriter(relax.PyExprMutator):
             gamma = self._vector(gamma, k) if bn.attrs.scale else None
             beta = self._vector(beta, k) if bn.attrs.center else None
             bias = self._vector(chain.bias, k) if chain.bias is not None else None
-            call = _emit_te(self.builder_, conv2d_bn_relu, x, w, gamma, beta,
+            call = emit_te(self.builder_, conv2d_bn_relu, x, w, gamma, beta,
                             self._vector(mean, k), self._vector(var, k), bias,
                             eps=float(bn.attrs.epsilon), activation=chain.activation,
                             name="topi_bn_conv2d_bn_relu", describe=True, **kwargs)
@@ -305,7 +305,7 @@ class _Rewriter(relax.PyExprMutator):
                 shift = self._vector(chain.shift, k)
             else:  # a conv without a bias: adding zeros leaves it exact
                 shift = relax.const(np.zeros(k, str(conv.args[0].ty.dtype)))
-            call = _emit_te(self.builder_, conv2d_shift_act, x, w, shift,
+            call = emit_te(self.builder_, conv2d_shift_act, x, w, shift,
                             activation=chain.activation, name="topi_bn_conv2d_shift_act",
                             describe=True, **kwargs)
         call = self.builder_.normalize(call)

@@ -48,7 +48,7 @@ __all__ = [
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
     "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "ACTIVATION_OPS",
     "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description",
-    "StripKernelDescriptions",
+    "StripKernelDescriptions", "emit_te",
 ]
 
 #: Module attribute naming the running-statistics convention of training batch-norms.
@@ -119,7 +119,7 @@ def schedule_primfunc(func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | No
     return out if out.attrs is not None and out.attrs.get("tirx.is_scheduled", False) else None
 
 
-def _emit_te(bb: relax.BlockBuilder, te_func: Callable, *args, name: str, opaque: bool = False,
+def emit_te(bb: relax.BlockBuilder, te_func: Callable, *args, name: str, opaque: bool = False,
              describe: bool = False, **kwargs) -> relax.Expr:
     """``bb.call_te`` that schedules the PrimFunc first when a target is current.
 
@@ -226,12 +226,12 @@ def legalize_batch_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     beta = beta if a.center else None
     try:
         if a.training:
-            out = _emit_te(bb, _bn_train_outputs, data, gamma, beta, mean, var,
+            out = emit_te(bb, _bn_train_outputs, data, gamma, beta, mean, var,
                            axis=int(a.axis), eps=float(a.epsilon), momentum=float(a.momentum),
                            running_stats=_module_attr(bb, BN_CONVENTION_ATTR, "pytorch"), name="topi_bn_batch_norm_train",
                            opaque=opts.opaque_batch_norm)
             return out
-        y = _emit_te(bb, batch_norm_infer, data, gamma, beta, mean, var, axis=int(a.axis),
+        y = emit_te(bb, batch_norm_infer, data, gamma, beta, mean, var, axis=int(a.axis),
                      eps=float(a.epsilon), name="topi_bn_batch_norm_infer",
                      opaque=opts.opaque_batch_norm)
     except (ValueError, TypeError) as err:
@@ -247,7 +247,7 @@ def legalize_layer_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     a = call.attrs
     data, gamma, beta = call.args
     try:
-        return _emit_te(bb, layer_norm, data, gamma if a.scale else None,
+        return emit_te(bb, layer_norm, data, gamma if a.scale else None,
                         beta if a.center else None, axis=tuple(int(x) for x in a.axes),
                         eps=float(a.epsilon), name="topi_bn_layer_norm")
     except (ValueError, TypeError) as err:
