@@ -48,7 +48,7 @@ __all__ = [
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
     "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "ACTIVATION_OPS",
     "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description",
-    "StripKernelDescriptions",
+    "StripKernelDescriptions", "emit_kernel",
 ]
 
 #: Module attribute naming the running-statistics convention of training batch-norms.
@@ -141,6 +141,15 @@ def _emit_te(bb: relax.BlockBuilder, te_func: Callable, *args, name: str, opaque
     # add_func deduplicates structurally equal functions, scheduled ones included
     gvar = bb.add_func(tir_func, name)
     return relax.call_tir(gvar, call_args, out_ty)
+
+
+def emit_kernel(bb: relax.BlockBuilder, te_func: Callable, *args, name: str,
+                describe: bool = False, **kwargs) -> relax.Expr:
+    """``te_func(*args, **kwargs)`` (Relax expressions for its tensors) emitted as a PrimFunc
+    named ``name`` and returned as its ``relax.call_tir``, as the registration emits the
+    topi-bn kernels (scheduled at once only when :func:`legalize_options` says so and a target
+    is current); ``describe``: see :func:`kernel_description`."""
+    return _emit_te(bb, te_func, *args, name=name, describe=describe, **kwargs)
 
 
 def _describe(te_func: Callable, args, kwargs) -> dict:
