@@ -54,7 +54,8 @@ def test_network(network, net_impl, bench_cfg, bench_target, run_case):
     except Unavailable as err:
         pytest.skip(str(err))
     prepared.run()
-    assert nb.check_network_output(prepared.output(), ref) == "ok"
+    assert nb.check_network_output(prepared.output(), ref,
+                                   dtype=prepared.precision or None) == "ok"
     run_case(prepared, network.name, impl=net_impl, network=network.name, note=prepared.note,
              build_s=prepared.build_s, **{k: v for k, v in prepared.info.items()
                                           if isinstance(v, (int, float, str))})

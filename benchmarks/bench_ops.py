@@ -27,7 +27,8 @@ def test_op(workload, impl, bench_cfg, bench_target, run_case):
     except bench.Unavailable as err:
         pytest.skip(str(err))
     prepared.run()
-    assert bench.check_output(workload, prepared.output(), ref) == "ok"
+    assert bench.check_output(workload, prepared.output(), ref,
+                              dtype=prepared.precision or "float32") == "ok"
     fam = bench.OP_FAMILIES[workload.op]
     run_case(prepared, workload.name, op=workload.op, impl=impl, unit=fam.unit,
              flops=workload.flops, bytes=workload.bytes_moved(), note=prepared.note,

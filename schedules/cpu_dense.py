@@ -53,7 +53,8 @@ def matvec_block(sch: tvm.s_tir.Schedule):
     value = block.body.value
     if not (isinstance(value, tvm.tirx.Add) and isinstance(value.b, tvm.tirx.Mul)):
         return None
-    loads = [value.b.a, value.b.b]
+    # a bf16 weight (topi_bn.relax.bfloat16) is read through a cast to float32
+    loads = [x.value if isinstance(x, tvm.tirx.Cast) else x for x in (value.b.a, value.b.b)]
     if not all(isinstance(ld, tvm.ir.TensorLoad) and len(ld.indices) == 2 for ld in loads):
         return None
     shapes = {(ld.indices[0].same_as(m) and ld.indices[1].same_as(k)) or

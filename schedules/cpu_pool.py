@@ -90,9 +90,13 @@ def schedule_pool(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     sch.reorder(rh, rw, *inner[:-2])
     for lp in (rh, rw, tile_w):
         sch.unroll(lp)
+    # TVM 0.27's BF16StorageLegalize leaves a vector of a bf16 constant (the max pool's -inf)
+    # in bf16 and codegen fails: bf16 lanes are unrolled instead (LLVM's SLP vectorizer)
+    lanes = sch.vectorize if str(sch.get(b).writes[0].source.dtype) != "bfloat16" \
+        else sch.unroll
     if blocked:
-        sch.vectorize(inner[1])
+        lanes(inner[1])
     init = sch.decompose_reduction(b, rh)
     if blocked:
-        sch.vectorize(sch.get_loops(init)[-1])
+        lanes(sch.get_loops(init)[-1])
     return True

@@ -257,6 +257,57 @@ def test_tiny_network_runner():
                     f"{turns['onnxruntime'] / turns['folded']:.2f}x, timed in turns)")
 
 
+def test_bf16_rows_beside_float32():
+    """``--dtype bfloat16`` (BenchConfig.bf16): per layer the kernel a bf16 network build runs
+    and the bf16 peers, per network the bf16 builds, PyTorch's autocast and OpenVINO bf16,
+    each a result of dtype bfloat16 compared with the other bf16 rows only, its output checked
+    against float64 / PyTorch float32 within bf16's tolerance."""
+    pytest.importorskip("torch")
+    from topi_bn import workloads as W
+    from topi_bn.bench import networks as nb
+    from topi_bn.bench import ops
+
+    cfg = bench.BenchConfig.smoke(threads=1, bf16=True, threads_policy="shared",
+                                  impls=("topi-bn blocked", "topi-bn bf16",
+                                         "torch autocast bf16"))
+    wl = W.get("mobilenetv2.conv1x1_96_24_56_s1_none")
+    results = ops.bench_workloads([wl], cfg, report=lambda _msg: None)
+    by = {r.impl: r for r in results}
+    assert by["topi-bn bf16"].dtype == "bfloat16" and by["topi-bn blocked"].dtype == "float32"
+    for r in results:
+        assert r.timing is not None and r.check == "ok", (r.impl, r.error, r.check)
+    assert "in bf16" in by["topi-bn bf16"].note
+    assert set(by["topi-bn bf16"].extra["speedup_vs"]) == {"torch autocast bf16"}
+    assert "/bfloat16 |" in bench.format_summary(results)
+    impls = ("topi-bn fused (torch.export)", "topi-bn fused bf16 (torch.export)",
+             "topi-bn folded bf16 (torch.export)", "torch autocast bf16")
+    nets = nb.bench_networks(cfg, networks=[nb.tiny_network()], impls=impls, rounds=1,
+                             report=lambda _msg: None)
+    by = {r.impl: r for r in nets}
+    assert set(by) == set(impls)
+    for r in nets:
+        assert r.timing is not None and r.check == "ok", (r.impl, r.error, r.check)
+        assert r.dtype == ("float32" if r.impl == impls[0] else "bfloat16")
+    assert set(by["topi-bn fused bf16 (torch.export)"].extra["speedup_vs"]) == \
+        {"torch autocast bf16"}
+
+
+def test_openvino_bf16_says_what_it_ran():
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    from topi_bn import workloads as W
+    from topi_bn.bench import ops
+
+    wl = W.get("smoke.conv3x3_8_8_8_s1_relu") if "smoke.conv3x3_8_8_8_s1_relu" in \
+        [w.name for w in W.list_workloads("smoke")] else W.list_workloads("smoke")[0]
+    p = ops.prepare("openvino bf16", wl, "x86", 1)
+    assert "INFERENCE_PRECISION_HINT set to bf16" in p.note
+    ran = p.info["ov_precision"]
+    assert ran in ("bf16", "f32")
+    if ran == "f32":  # a CPU without native bf16: OpenVINO ignores the hint
+        assert "not honoured, the CPU plugin ran f32" in p.note
+
+
 def test_a_failing_network_is_a_row():
     """A network whose model cannot be made is reported in every row, not raised."""
     from topi_bn.bench import networks as nb
@@ -551,7 +602,7 @@ def test_device_copy_kernel_builds_for_cuda():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dtype", "float16"], "--dtype: the CPU benchmark is float32 only"),
+    (["--dtype", "float16"], "--dtype: the CPU benchmark runs ['float32', 'bfloat16']"),
     (["--impl", "torch.compile"], "--impl"),
     (["--tuning-logs", "/no/such/folder"], "--tuning-logs"),
 ])

@@ -45,6 +45,24 @@ def test_compile_then_run_in_a_fresh_process(model_files, capsys, fmt, bn):
     np.testing.assert_array_equal(np.load(y2), np.load(y))
 
 
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+def test_compile_bfloat16_keeps_float32_io(model_files, capsys, bn):
+    """``--dtype bfloat16``: the library takes and returns float32, bf16 inside; its output
+    within bf16's error of PyTorch (tiny_conv_bn: 4 logits)."""
+    from topi_bn.testing import assert_close_to_range
+
+    d, ref = model_files
+    lib = d / f"tiny-bf16-{bn}.so"
+    assert cli.main(["compile", str(d / "tiny.pt2"), "--target", TARGET, "--bn", bn,
+                     "--dtype", "bfloat16", "-o", str(lib)]) == 0
+    assert f"(bn={bn}, dtype=bfloat16)" in capsys.readouterr().err
+    y = d / f"y-bf16-{bn}.npy"
+    assert cli.main(["run", str(lib), "--input", str(d / "x.npy"), "-o", str(y)]) == 0
+    out = np.load(y)
+    assert out.dtype == np.float32
+    assert_close_to_range(out, ref, "bfloat16", tol=2.0 ** -7)
+
+
 def test_no_batch_norm_model_is_compiled_with_a_note(tmp_path, capsys):
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
     x = torch.zeros((1, 3, 5, 5))
@@ -61,6 +79,9 @@ def test_no_batch_norm_model_is_compiled_with_a_note(tmp_path, capsys):
     (["compile", "{d}/tiny.onnx", "--tuning-logs", "{d}/nologs", "-o", "{d}/m.so"],
      "--tuning-logs: no such directory"),
     (["compile", "{d}/tiny.onnx", "--target", "nosuch", "-o", "{d}/m.so"], "--target"),
+    (["compile", "{d}/tiny.onnx", "--dtype", "float16", "-o", "{d}/m.so"], "--dtype"),
+    (["compile", "{d}/tiny.onnx", "--dtype", "bfloat16", "--bn", "unpacked", "-o",
+      "{d}/m.so"], "--dtype: bfloat16 builds need --bn fused or folded"),
     (["compile", "{d}/bad.onnx", "-o", "{d}/m.so"], "not a readable ONNX model"),
     (["run", "{d}/missing.so", "--input", "{d}/x.npy"], "library: no such file"),
     (["run", "{d}/tiny.onnx", "--input", "{d}/missing.npy"], "--input: no such file"),

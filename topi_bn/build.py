@@ -3,6 +3,7 @@
 Order of work::
 
     Relax module:  bn mode + params (topi_bn.relax.modes.apply_bn_mode)
+                   -> dtype="bfloat16": bf16 activations and weights (topi_bn.relax.bfloat16)
                    -> legalize, FuseOps, FuseTIR
                    -> MetaScheduleApplyDatabase (records of the logs that match the target)
                    -> default schedules for the remaining topi-bn PrimFuncs
@@ -22,16 +23,20 @@ from typing import Any, Mapping, Sequence
 
 import tvm
 
+from .dtypes import DTYPES, check_dtype
 from .relax import modes
+from .relax.bfloat16 import to_bfloat16
 from .relax.modes import BN_MODES
 from .relax.params import check_params
 from .targets import resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
 __all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
-           "shipped_log_dir", "TuningLogWarning", "BN_MODES"]
+           "shipped_log_dir", "TuningLogWarning", "BN_MODES", "DTYPES"]
 
 logger = logging.getLogger("topi_bn")
+#: the ``bn`` modes a ``dtype="bfloat16"`` build takes
+BF16_MODES = ("fused", "folded")
 
 
 def shipped_log_dir(target) -> str:
@@ -134,16 +139,20 @@ def _signature(func) -> str:
     return ", ".join(f"{a.dtype}{[int(s) for s in a.shape]}" for a in ArgInfo.from_prim_func(func))
 
 
-def _check_options(target, bn, layout, winograd) -> None:
+def _check_options(target, bn, layout, winograd, dtype) -> None:
     """The options both entry points take, checked before anything is read or built."""
     modes.check_bn(bn)
     modes.check_layout(layout, target, bn)
     if not isinstance(winograd, bool):
         raise TypeError(f"winograd: expected True or False, got {winograd!r}")
+    if check_dtype(dtype) == "bfloat16" and bn not in BF16_MODES:
+        raise ValueError(f"dtype: 'bfloat16' builds need bn='fused' or bn='folded', got "
+                         f"bn={bn!r}")
 
 
 def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-          tuning_logs="shipped", layout: str = "auto", winograd: bool = True):
+          tuning_logs="shipped", layout: str = "auto", winograd: bool = True,
+          dtype: str = "float32"):
     """Compile a Relax module or a PrimFunc with topi-bn kernels for ``target``.
 
     Parameters
@@ -175,6 +184,13 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         (:mod:`topi_bn.compute.conv2d_winograd_nchwc`: 4x or 2.25x fewer multiplies, the weight
         transformed by the build; results differ from the direct conv by float32 rounding,
         about 1e-6 of the output's range). ``False``: the direct kernel everywhere.
+    dtype : {"float32", "bfloat16"}
+        Relax only. ``"bfloat16"`` (``bn="fused"`` or ``"folded"``): inputs and outputs keep
+        their float32 type; inside, activations and weights are bfloat16 (weights converted,
+        and packed, by the build; a folded weight folded in float64 and rounded once) and every
+        accumulation and the BN scale and shift are float32 (:mod:`topi_bn.relax.bfloat16`).
+        Whole networks stay within about 2e-3 of the output's largest magnitude of float32
+        PyTorch. ``"float32"`` builds as before.
 
     Returns
     -------
@@ -183,15 +199,19 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         module, the executable for ``relax.VirtualMachine``.
     """
     target = resolve_target(target)
-    _check_options(target, bn, layout, winograd)
+    _check_options(target, bn, layout, winograd, dtype)
     func = _entry(mod_or_primfunc, params)  # argument errors come before any log is read
     if isinstance(func, tvm.tirx.PrimFunc):
         if layout != "auto":
             raise ValueError(f"layout: only a Relax module has a graph layout to choose; a "
                              f"PrimFunc is built as written (got layout={layout!r})")
+        if dtype != "float32":
+            raise ValueError(f"dtype: only a Relax module is converted; a PrimFunc is built in "
+                             f"the dtypes it is written in (got dtype={dtype!r})")
         loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
         return _build_prim_func(func, target, _reporting_database(loaded.database, target))
-    return _build_relax(mod_or_primfunc, target, params, bn, tuning_logs, layout, winograd)[0]
+    return _build_relax(mod_or_primfunc, target, params, bn, tuning_logs, layout, winograd,
+                        dtype)[0]
 
 
 def _entry(mod_or_primfunc, params):
@@ -245,7 +265,8 @@ class BuildReport:
 
 
 def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: str = "fused",
-                      tuning_logs="shipped", layout: str = "auto", winograd: bool = True):
+                      tuning_logs="shipped", layout: str = "auto", winograd: bool = True,
+                      dtype: str = "float32"):
     """:func:`build` of a Relax module, also saying what became of its batch-norms and which
     kernels were tuned.
 
@@ -256,18 +277,22 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     (relax.VMExecutable, BuildReport)
     """
     target = resolve_target(target)
-    _check_options(target, bn, layout, winograd)
+    _check_options(target, bn, layout, winograd, dtype)
     if not isinstance(mod, tvm.IRModule) or not any(
             isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
         raise TypeError(f"mod: expected a tvm.IRModule with a Relax function, got "
                         f"{type(mod).__name__}")
-    return _build_relax(mod, target, params, bn, tuning_logs, layout, winograd)
+    return _build_relax(mod, target, params, bn, tuning_logs, layout, winograd, dtype)
 
 
-def _build_relax(mod, target, params, bn, tuning_logs, layout, winograd):
+def _build_relax(mod, target, params, bn, tuning_logs, layout, winograd, dtype="float32"):
     log_dirs = resolve_tuning_logs(tuning_logs, target)
     db = _reporting_database(load_logs(log_dirs, target).database, target)
-    mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True)
+    bf16 = dtype == "bfloat16"
+    mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True,
+                                         weight_rounding="bfloat16" if bf16 else None)
+    if bf16:
+        mod = to_bfloat16(mod)
     ex = modes.lower(mod, target, database=db, layout=layout, winograd=winograd)
     return ex, BuildReport(bn_report, list(dict.fromkeys(db.applied)),
                            list(dict.fromkeys(db.missing)), log_dirs)

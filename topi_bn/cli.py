@@ -167,7 +167,7 @@ def _bench_check(args: argparse.Namespace, error: Callable[[str], object]) -> No
 
 # -- compile / run ------------------------------------------------------------------------------
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
-    from .build import BN_MODES
+    from .build import BN_MODES, DTYPES
 
     p.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx) or a torch.export.save "
                                                   "program (.pt2)")
@@ -186,11 +186,19 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
                         "shipped ones")
     p.add_argument("--no-shipped-logs", action="store_true",
                    help="do not apply the tuning logs shipped with topi-bn")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="compute dtype: bfloat16 keeps the model's float32 inputs and outputs "
+                        "and runs bf16 activations and weights with float32 accumulation "
+                        "(--bn fused or folded) (default: float32)")
 
 
 def _compile_check(args, fail: Callable[[str], None]) -> None:
+    from .build import BF16_MODES
     from .deploy import model_format, library_compiler
     from .targets import resolve_target
+
+    if args.dtype == "bfloat16" and args.bn not in BF16_MODES:
+        fail(f"--dtype: bfloat16 builds need --bn fused or folded, got --bn {args.bn}")
 
     try:
         model_format(args.model, "MODEL")
@@ -210,7 +218,8 @@ def _compile_run(args) -> int:
 
     report = compile_model(args.model, args.output, args.target, args.bn, args.tuning_logs,
                            shipped=not args.no_shipped_logs,
-                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+                           progress=lambda line: print(line, file=sys.stderr, flush=True),
+                           dtype=args.dtype)
     print(report.summary())
     if report.batch_norms.skipped:
         for o in report.batch_norms.skipped:

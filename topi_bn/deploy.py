@@ -107,7 +107,7 @@ def library_compiler(target: Any, arg: str = "target") -> str | None:
 
 def compile_model(model: str, output: str, target: Any, bn: str = "fused",
                   tuning_logs: Sequence[str] = (), shipped: bool = True,
-                  progress: Callable[[str], None] | None = None):
+                  progress: Callable[[str], None] | None = None, dtype: str = "float32"):
     """Import ``model``, build it for ``target`` and write the shared library ``output``.
 
     Parameters
@@ -128,6 +128,9 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
         Also apply the package's logs for the target.
     progress : callable, optional
         Called with one line per step.
+    dtype : {"float32", "bfloat16"}
+        As in :func:`topi_bn.build`: ``"bfloat16"`` keeps the library's float32 inputs and
+        outputs and runs bf16 activations and weights inside.
 
     Returns
     -------
@@ -136,9 +139,11 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     from tvm.support import cc
 
     from .build import build_with_report, shipped_log_dir
+    from .dtypes import check_dtype
     from .targets import resolve_target, tuning_log_key
 
     say = progress or (lambda _line: None)
+    check_dtype(dtype)
     target = resolve_target(target, arg_name="target")
     compiler = library_compiler(target)
     model_format(model, "model")
@@ -154,11 +159,12 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     mod = load_model(model)
     logs = list(tuning_logs) + (["shipped"] if shipped else [])
     key = tuning_log_key(target)
-    say(f"[2/3] building for {key} (bn={bn})")
+    say(f"[2/3] building for {key} (bn={bn}" + (f", dtype={dtype})" if dtype != "float32"
+                                                  else ")"))
     if shipped and not os.path.isdir(shipped_log_dir(target)):
         say(f"note: topi-bn ships no tuning log for {key}: kernels without a record of "
             f"--tuning-logs use default schedules")
-    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs)
+    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs, dtype=dtype)
     say(f"[3/3] writing {output}")
     tmp_dir = tempfile.mkdtemp(dir=out_dir, prefix=".topi-bn-")
     try:

@@ -31,6 +31,7 @@ from .report import machine_info, results_markdown, to_json, format_table
 from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
 from .threads import THREADS_POLICIES, reexec_with_thread_env, set_threads
 from .timing import bandwidth_ceiling, fma_ceiling
+from ..dtypes import DTYPES as CPU_DTYPES
 
 __all__ = ["add_bench_parser", "add_bench_arguments", "check_bench_args", "run_bench",
            "run_gpu_bench", "main", "is_gpu_target"]
@@ -70,8 +71,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"implementations (default: all; CPU: {ops.impl_names()}; cuda: "
                         f"{gpu.gpu_impl_names()})")
     p.add_argument("--dtype", action="append", default=None,
-                   help=f"element types (cuda only; default: {', '.join(gpu.GPU_DTYPES)}); "
-                        "the CPU benchmark is float32")
+                   help=f"element types (cuda: default {', '.join(gpu.GPU_DTYPES)}); CPU: "
+                        "float32 always, bfloat16 adds the bf16 rows beside it (topi-bn "
+                        "dtype='bfloat16' builds, OpenVINO bf16, PyTorch autocast bf16)")
     p.add_argument("--no-networks", action="store_true",
                    help="skip the whole networks (ResNet-18, ResNet-50, MobileNetV2)")
     p.add_argument("--networks", action="append", default=None, metavar="NAME",
@@ -121,10 +123,10 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
             error(f"--impl: expected one of {known}{' (--target cuda)' if on_gpu else ''}, "
                   f"got {name!r}")
     for d in args.dtype or ():
-        if not on_gpu and d != "float32":
-            error(f"--dtype: the CPU benchmark is float32 only, got {d!r} (other element types "
-                  f"with --target cuda)")
-        if d not in gpu.GPU_DTYPES:
+        if not on_gpu and d not in CPU_DTYPES:
+            error(f"--dtype: the CPU benchmark runs {list(CPU_DTYPES)}, got {d!r} (other "
+                  f"element types with --target cuda)")
+        if on_gpu and d not in gpu.GPU_DTYPES:
             error(f"--dtype: expected one of {list(gpu.GPU_DTYPES)}, got {d!r}")
     for g in args.group or ():
         if g not in W.groups():
@@ -169,6 +171,7 @@ def _config(args: argparse.Namespace, smoke: bool) -> BenchConfig:
         changes["rounds"] = args.rounds
     if args.impl:
         changes["impls"] = tuple(args.impl)
+    changes["bf16"] = "bfloat16" in (args.dtype or ())
     return make(**changes)
 
 

@@ -20,6 +20,14 @@ implementation                  what runs
                                 with AVX512_BF16 or AMX): reported, not compared
 ==============================  =========================================================
 
+With ``--dtype bfloat16`` (``BenchConfig.bf16``) each network also gets bfloat16 rows
+(:data:`BF16_NETWORK_IMPLS`; results of dtype ``bfloat16``, compared with each other only,
+outputs checked against PyTorch float32 at bfloat16's tolerance, :func:`check_network_output`): ``topi-bn fused
+bf16 (torch.export)`` and ``topi-bn folded bf16 (torch.export)`` (``topi_bn.build(...,
+dtype="bfloat16")``), ``torch autocast bf16`` (the model under ``torch.autocast("cpu",
+torch.bfloat16)``) and ``openvino bf16`` (``INFERENCE_PRECISION_HINT=bf16``; the note says what
+OpenVINO ran: a CPU without native bf16 may refuse the hint and run float32).
+
 Import paths (:data:`IMPORT_PATHS`):
 
 - ``torch.export``: ``torch.export.export`` -> :func:`topi_bn.from_exported_program`
@@ -76,7 +84,7 @@ __all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "Netwo
            "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
            "prepare_network", "kernel_counts", "check_network_output", "network_cases",
            "bench_networks", "prepare_in_worker", "pair_turns", "network_names",
-           "select_networks"]
+           "select_networks", "BF16_NETWORK_IMPLS"]
 
 
 @dataclass(frozen=True)
@@ -304,6 +312,7 @@ class NetworkImpl:
     name: str = ""
     kind: str = "topi-bn"
     runtime: str | None = None
+    dtype: str = "float32"  # the results' dtype: what the row is compared within
 
     def turn_partners(self) -> tuple[str, dict[str, str]] | None:
         """``(own label, {partner label: partner implementation})``: the implementations this
@@ -319,9 +328,12 @@ class TopiBnBuild(NetworkImpl):
     layout=layout, winograd=winograd)``; ``layout="keep"`` (the NCHW kernels) is named
     ``topi-bn <mode> NCHW``, ``winograd=False`` ``topi-bn <mode> direct``."""
 
-    def __init__(self, mode: str, path: str, layout: str = "auto", winograd: bool = True):
+    def __init__(self, mode: str, path: str, layout: str = "auto", winograd: bool = True,
+                 dtype: str = "float32"):
         self.mode, self.path, self.layout, self.winograd = mode, path, layout, winograd
+        self.dtype = dtype
         variant = " NCHW" if layout == "keep" else "" if winograd else " direct"
+        variant += " bf16" if dtype == "bfloat16" else ""
         self.name = f"topi-bn {mode}{variant} ({path})"
         self.kind = "baseline" if mode == "unpacked" else "topi-bn"
         self.runtime = "tvm"
@@ -343,7 +355,7 @@ class TopiBnBuild(NetworkImpl):
         try:
             t0 = time.perf_counter()
             ex = build(mod, ctx.target, bn=self.mode, tuning_logs=ctx.tuning_logs,
-                       layout=self.layout, winograd=self.winograd)
+                       layout=self.layout, winograd=self.winograd, dtype=self.dtype)
             build_s = time.perf_counter() - t0
         finally:
             logger.removeHandler(log)
@@ -356,6 +368,9 @@ class TopiBnBuild(NetworkImpl):
         # taken minutes apart are timed in turns with the build they are compared with: an
         # ONNX build with the torch.export build of its mode, the folded torch.export build
         # with the fused one.
+        if self.dtype != "float32":  # compared with the other bf16 rows, in the run's turns
+            return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
+                            precision=self.dtype)
         if self.path == "torch.export" and self.winograd:
             ctx.put(f"run:{self.mode}:{self.layout}", run)
         timer = None
@@ -374,6 +389,8 @@ class TopiBnBuild(NetworkImpl):
 
     def _partner(self) -> tuple[str, str] | None:
         """(label, context key) of the build this one is timed in turns with, if any."""
+        if self.dtype != "float32":
+            return None
         if not self.winograd:
             return self.mode, f"run:{self.mode}:{self.layout}"
         if self.path == "ONNX":
@@ -483,6 +500,37 @@ class OpenVino(NetworkImpl):
         return (self.name, dict(ORT_PARTNERS)) if self.precision else None
 
 
+class TorchAutocastBf16(NetworkImpl):
+    """The model under ``torch.autocast("cpu", torch.bfloat16)`` (convs and the classifier in
+    bf16; PyTorch keeps batch-norm in float32 unless it is folded)."""
+
+    name, kind, runtime, dtype = "torch autocast bf16", "peer", "torch", "bfloat16"
+
+    def prepare(self, ctx):
+        torch = peers.require_torch()
+        torch.set_num_threads(ctx.threads)
+        x = torch.from_numpy(ctx.x)
+
+        def run():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                return ctx.model(x)
+        prepared = peers.torch_prepared(run)
+        prepared.precision = "bfloat16"
+        return prepared
+
+
+class OpenVinoBf16(NetworkImpl):
+    """OpenVINO on the ONNX export with ``INFERENCE_PRECISION_HINT=bf16``; the note says what
+    it ran (bf16, or float32 where the CPU has no native bf16)."""
+
+    name, kind, runtime, dtype = "openvino bf16", "peer", "openvino", "bfloat16"
+
+    def prepare(self, ctx):
+        peers.require_openvino()
+        return peers.ov_prepared(ctx.onnx_bytes(), {"x": ctx.x}, ctx.threads, "bf16",
+                                 pinning=None if ctx.spin_wait is None else False)
+
+
 #: The whole-network implementations, in table order.
 NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
     TopiBnBuild("fused", "torch.export"), TopiBnBuild("fused", "ONNX"),
@@ -492,9 +540,16 @@ NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
     TopiBnBuild("opaque", "torch.export"), TopiBnBuild("unpacked", "torch.export"),
     TorchEager(), OnnxRuntime(), OpenVino("f32"), OpenVino(None),
 )
+#: The bfloat16 rows of ``--dtype bfloat16`` (``BenchConfig.bf16``).
+BF16_NETWORK_IMPLS: tuple[NetworkImpl, ...] = (
+    TopiBnBuild("fused", "torch.export", dtype="bfloat16"),
+    TopiBnBuild("folded", "torch.export", dtype="bfloat16"),
+    TorchAutocastBf16(), OpenVinoBf16(),
+)
 
 
-def network_impl_names(impls: Sequence[NetworkImpl] = NETWORK_IMPLS) -> list[str]:
+def network_impl_names(impls: Sequence[NetworkImpl] = NETWORK_IMPLS + BF16_NETWORK_IMPLS
+                       ) -> list[str]:
     return [i.name for i in impls]
 
 
@@ -512,7 +567,7 @@ def _make_context(net: Network, target, threads: int, tuning_logs: str = "shippe
 def prepare_network(impl: str, net: Network, target, threads: int, model=None,
                     x: np.ndarray | None = None, tuning_logs: str = "shipped") -> Prepared:
     """Build ``impl`` (a name of :data:`NETWORK_IMPLS`) for ``net`` (the suites' entry)."""
-    by_name = {i.name: i for i in NETWORK_IMPLS}
+    by_name = {i.name: i for i in NETWORK_IMPLS + BF16_NETWORK_IMPLS}
     if impl not in by_name:
         raise ValueError(f"impl: expected one of {list(by_name)}, got {impl!r}")
     ctx = _make_context(net, target, threads, tuning_logs, model=model, x=x)
@@ -558,7 +613,8 @@ def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads
             ctx = _make_context(net, target, threads, cfg.tuning_logs, cfg.spin_wait)
         except Exception as err:  # noqa: BLE001 - reported in every row of this network
             for impl in impls:
-                r = Result(net.name, "network", impl.name, impl.kind, unit="img/s")
+                r = Result(net.name, "network", impl.name, impl.kind, unit="img/s",
+                           dtype=impl.dtype)
                 yield Case(r, functools.partial(_raise, err), label=label)
             continue
         gflop = network_flops(ctx.model, ctx.x) / 1e9
@@ -567,7 +623,7 @@ def network_cases(networks: Sequence[Network], cfg: BenchConfig, target, threads
             remote = (functools.partial(prepare_in_worker, net, impl, cfg, threads)
                       if impl.runtime is not None else None)
             yield Case(Result(net.name, "network", impl.name, impl.kind, unit="img/s",
-                              extra={"gflop": gflop}),
+                              extra={"gflop": gflop}, dtype=impl.dtype),
                        functools.partial(impl.prepare, ctx), reference=ctx.reference,
                        check=check_network_output,
                        rate=lambda s, b=net.input_shape[0]: b / s, label=label,
@@ -691,13 +747,14 @@ def bench_networks(cfg: BenchConfig, networks: Sequence[Network] | None = None,
         except Unavailable as err:
             report(f"whole networks skipped: {err}")
             return [Result("networks", "network", "—", "—", error=f"n/a: {err}")]
-    chosen = list(NETWORK_IMPLS)
+    every = NETWORK_IMPLS + (BF16_NETWORK_IMPLS if cfg.bf16 else ())
+    chosen = list(every)
     if impls is not None:
         unknown = [n for n in impls if n not in network_impl_names()]
         if unknown:
             raise ValueError(f"impls: unknown {unknown}; expected names from "
                              f"{network_impl_names()}")
-        chosen = [i for i in NETWORK_IMPLS if i.name in impls]
+        chosen = [i for i in NETWORK_IMPLS + BF16_NETWORK_IMPLS if i.name in impls]
     results = run_cases(network_cases(networks, cfg, target, threads, chosen, rounds), cfg,
                         report)
     pair_turns(results, chosen)

@@ -26,6 +26,24 @@ implementation         what runs
                        compared (kind ``peer-info``)
 =====================  ==============================================================
 
+With ``--dtype bfloat16`` (``BenchConfig.bf16``) every layer also gets bfloat16 rows
+(:data:`BF16_IMPLEMENTATIONS`, results of dtype ``bfloat16``, compared with each other only):
+
+=========================  ==========================================================
+``topi-bn bf16``           the kernel a ``dtype="bfloat16"`` network build runs for the
+                           layer: the blocked (or Winograd) twin of a conv on bf16 data
+                           and weight with float32 BN parameters, float32 accumulation,
+                           bf16 output; training BN and layer_norm on bf16 data
+                           (:class:`TopiBnBf16`)
+``torch autocast bf16``    PyTorch eager under ``torch.autocast("cpu", torch.bfloat16)``
+``openvino bf16``          the ONNX graph with ``INFERENCE_PRECISION_HINT=bf16`` (a CPU
+                           without native bf16 may refuse or emulate: the note says
+                           what it ran)
+=========================  ==========================================================
+
+Their outputs are checked against the float64 reference of the float32 inputs with
+:data:`BF16_CHECK_TOLERANCE` relative to the output's largest magnitude.
+
 Each implementation names its runtime (:attr:`OpImpl.runtime`): under the isolated thread
 policy (the default) the TVM-built ones run in a TVM worker process, the peers each in their
 own (:mod:`topi_bn.bench.runner`), and a layer's implementations are timed in turns across them.
@@ -63,7 +81,8 @@ from .threads import set_threads
 __all__ = ["QUICK_WORKLOADS", "DEFAULT_GROUPS", "OpContext", "OpImpl", "IMPLEMENTATIONS",
            "impl_names", "prepare", "check_output", "select_workloads", "op_cases",
            "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm",
-           "prepare_in_worker"]
+           "prepare_in_worker", "BF16_IMPLEMENTATIONS", "BF16_CHECK_TOLERANCE",
+           "bf16_prim_func", "BF16_ARGS"]
 
 # A few workloads of every kind, for ``--quick``: the ResNet stem, a 3x3 and a 1x1 conv, a
 # MobileNetV2 depthwise and pointwise conv, both BN layouts, a small and a large layer_norm.
@@ -114,6 +133,7 @@ class OpImpl:
     kind: str = "topi-bn"
     ops: tuple[str, ...] | None = None
     runtime: str | None = None
+    dtype: str = "float32"  # the results' dtype: what the row is compared within
 
     def applies(self, wl: W.Workload) -> bool:
         """Whether this implementation has a row for ``wl`` at all (a conv-only kernel has
@@ -416,18 +436,173 @@ class OpenVino(OpImpl):
                                  pinning=None if ctx.spin_wait is None else False)
 
 
+class OpenVinoBf16(OpenVino):
+    """OpenVINO with ``INFERENCE_PRECISION_HINT=bf16``: the bf16 peer (what it ran, bf16 or
+    float32 on a CPU without native bf16, is in the note)."""
+
+    name, kind, dtype = "openvino bf16", "peer", "bfloat16"
+
+    def __init__(self):
+        self.precision = "bf16"
+
+
+# -- bfloat16 ------------------------------------------------------------------------------------
+#: A bf16 row's output against the float64 reference of the float32 inputs, relative to the
+#: output's largest magnitude: the inputs rounded to bf16 once and the output once (2**-9 of a
+#: value each), with room for the float32 arithmetic between
+BF16_CHECK_TOLERANCE = 2.0 ** -7
+
+#: op -> the arguments a ``dtype="bfloat16"`` build holds in bf16 (the others stay float32:
+#: batch-norm parameters and statistics, a Winograd kernel's float32 transformed weight)
+BF16_ARGS = {
+    "conv2d_bn_act_nchwc": ("data", "weight", "residual"),
+    "conv2d_shift_act_nchwc": ("data", "weight", "residual"),
+    "conv2d_bn_act_winograd_nchwc": ("data", "residual"),
+    "conv2d_shift_act_winograd_nchwc": ("data", "residual"),
+    "batch_norm_train": ("data",),
+    "batch_norm_infer": ("data",),
+    "layer_norm": ("data", "gamma", "beta"),
+}
+
+
+def _bf16_dtypes(wl: W.Workload) -> list[str]:
+    held = BF16_ARGS.get(wl.op, ())
+    return ["bfloat16" if n in held else "float32" for n in wl.shapes]
+
+
+def _bf16_te(wl: W.Workload):
+    from tvm import te
+
+    args = [te.placeholder(shape, dt, name=n)
+            for (n, shape), dt in zip(wl.shapes.items(), _bf16_dtypes(wl))]
+    return args, wl.compute(*args)
+
+
+def bf16_prim_func(wl: W.Workload):
+    """``wl``'s compute as a ``dtype="bfloat16"`` build emits it (:data:`BF16_ARGS` in bf16),
+    arguments then outputs."""
+    from tvm import te
+
+    args, outs = _bf16_te(wl)
+    return te.create_prim_func(args + outs)
+
+
+def _bf16_twin(wl: W.Workload, target) -> W.Workload:
+    """The kernel a ``dtype="bfloat16"`` network build runs for layer ``wl``: its Winograd twin
+    where the network uses Winograd's algorithm, else its blocked twin (convs); ``wl`` itself
+    (training batch-norm, layer_norm)."""
+    if wl.op != "conv2d_bn_relu":
+        return wl
+    from ..layouts import ChannelBlocking
+
+    block = ChannelBlocking.for_target(target).lanes
+    group = f"{wl.name.split('.')[0]}-nchw{block}c-winograd"
+    wino = [t for t in (W.list_workloads(group) if group in W.groups() else [])
+            if t.base == wl.name]
+    twin = wino[0] if wino else blocked_twin(wl, block)
+    if twin is None:
+        raise Unavailable(f"no blocked-layout twin of {wl.name} at block {block}")
+    return twin
+
+
+class TopiBnBf16(OpImpl):
+    """The kernel a ``dtype="bfloat16"`` network build runs for the layer (:func:`_bf16_twin`,
+    :func:`bf16_prim_func`), built with the run's tuning logs (the shipped logs hold no bf16
+    records yet: default schedules), timed on inputs already in its layout and dtype (blocked,
+    packed or transformed, rounded to bf16 once, untimed), as :class:`TopiBnBlocked`."""
+
+    name, dtype = "topi-bn bf16", "bfloat16"
+    runtime = "tvm"
+
+    def prepare(self, wl, ctx):
+        import tvm
+
+        from ..build import build, schedule_prim_func
+        from ..dtypes import round_to_bfloat16
+        from ..layouts import nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_winograd_weight
+        from ..targets import target_family
+
+        if target_family(ctx.target) == "cuda":
+            raise Unavailable("the bf16 build is measured on CPUs here")
+        twin = _bf16_twin(wl, ctx.target)
+        func = bf16_prim_func(twin)
+        lib = build(func, ctx.target, tuning_logs=ctx.tuning_logs)
+        _, had_record = schedule_prim_func(func, ctx.target, tuning_logs=ctx.tuning_logs)
+        arrays = list(ctx.arrays)
+        shift = None
+        blocked = twin is not wl
+        if blocked:
+            x, w, *bn = arrays
+            cb, kb = twin.shapes["data"][-1], twin.shapes["weight"][-1]
+            if "tile" in twin.params:
+                # the float32 transform of the bf16-rounded weight, as the build makes it
+                w64 = np.asarray(round_to_bfloat16(w), np.float64).astype(np.float32)
+                packed = pack_winograd_weight(w64, twin.params["tile"], cb, kb)
+            else:
+                packed = pack_weight(w, cb, kb, wl.params.get("groups", 1))
+            arrays = [nchw_to_nchwc(x, cb), packed, *bn]
+            if "residual" in twin.shapes:
+                ref = wl.reference(*ctx.arrays)[0]
+                shift = (np.zeros(ref.shape) if twin.params["activation"] in (None, "none")
+                         else np.maximum(-ref, 0) + 1)
+                shift = np.asarray(round_to_bfloat16(shift), np.float64)
+                arrays.append(nchw_to_nchwc(shift, kb))
+        dts = _bf16_dtypes(twin)
+        args = [tvm.runtime.tensor(np.ascontiguousarray(
+            round_to_bfloat16(a) if dt == "bfloat16" else np.asarray(a, np.float32)))
+            for a, dt in zip(arrays, dts)]
+        outs = [tvm.runtime.empty(tuple(int(d) for d in o.shape), str(o.dtype), tvm.cpu())
+                for o in _bf16_te(twin)[1]]
+        f = lib["main"]
+
+        def output():
+            y = np.asarray(outs[0].numpy(), np.float64)
+            y = nchwc_to_nchw(y) if blocked else y
+            return y if shift is None else y - shift
+
+        note = (f"{twin.name} in bf16: "
+                f"{'tuned record' if had_record else 'no record: default schedule'}")
+        return Prepared(lambda: f(*args, *outs), output, note=note, precision="bfloat16")
+
+
+class TorchAutocastBf16(OpImpl):
+    """PyTorch eager under ``torch.autocast("cpu", torch.bfloat16)`` (convs: autocast runs
+    them in bf16; it keeps batch-norm and layer_norm in float32)."""
+
+    name, kind, dtype = "torch autocast bf16", "peer", "bfloat16"
+    ops = ("conv2d_bn_relu",)
+    runtime = "torch"
+
+    def prepare(self, wl, ctx):
+        torch = peers.require_torch()
+        torch.set_num_threads(ctx.threads)
+        t = [torch.from_numpy(np.ascontiguousarray(a)) for a in ctx.arrays]
+        fn = OP_FAMILIES[wl.op].torch_fn(wl, t)
+
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn()
+        p = peers.torch_prepared(run)
+        p.precision = "bfloat16"
+        return p
+
+
 #: The op-level implementations, in table order. Append an :class:`OpImpl` instance to add one.
 IMPLEMENTATIONS: tuple[OpImpl, ...] = (
     TopiBnTuned(), TopiBnBlocked(), TopiBnWinograd(), TopiBnUntuned(), TvmUnpacked(), TorchEager(),
     OnnxRuntime(), OpenVino("f32"), OpenVino(None),
 )
+#: The bfloat16 rows of ``--dtype bfloat16`` (``BenchConfig.bf16``), after the float32 ones.
+BF16_IMPLEMENTATIONS: tuple[OpImpl, ...] = (
+    TopiBnBf16(), TorchAutocastBf16(), OpenVinoBf16(),
+)
 
 
-def impl_names(impls: Sequence[OpImpl] = IMPLEMENTATIONS) -> list[str]:
+def impl_names(impls: Sequence[OpImpl] = IMPLEMENTATIONS + BF16_IMPLEMENTATIONS) -> list[str]:
     return [i.name for i in impls]
 
 
-def _impl(name: str, impls: Sequence[OpImpl] = IMPLEMENTATIONS) -> OpImpl:
+def _impl(name: str, impls: Sequence[OpImpl] = IMPLEMENTATIONS + BF16_IMPLEMENTATIONS) -> OpImpl:
     for i in impls:
         if i.name == name:
             return i
@@ -460,10 +635,17 @@ def check_output(wl: W.Workload, out: np.ndarray, ref: np.ndarray,
     """``"ok"`` when ``out`` matches the float64 reference's first output, else the error.
 
     The tolerance is ``dtype``'s (:data:`topi_bn.testing.TOLERANCES`), widened for a conv by
-    the square root of its reduction length.
+    the square root of its reduction length; for ``bfloat16``, :data:`BF16_CHECK_TOLERANCE`
+    of the output's largest magnitude.
     """
-    from ..testing import TOLERANCES
+    from ..testing import TOLERANCES, error_to_range
 
+    if dtype == "bfloat16":
+        if np.shape(out) != ref.shape:
+            return f"shape {np.shape(out)} != {ref.shape}"
+        err = error_to_range(out, ref)
+        return "ok" if err <= BF16_CHECK_TOLERANCE else \
+            f"mismatch (error {err:.3g} of the output's range)"
     atol, rtol = TOLERANCES[dtype]
     if wl.op == "conv2d_bn_relu":
         w = wl.shapes["weight"]
@@ -519,7 +701,8 @@ def op_cases(workloads: Sequence[W.Workload], cfg: BenchConfig, target, threads:
             remote = (functools.partial(prepare_in_worker, impl, wl.name, cfg, threads)
                       if impl.runtime is not None else None)
             cases.append(Case(
-                Result(wl.name, wl.op, impl.name, impl.kind, unit=fam.unit), make,
+                Result(wl.name, wl.op, impl.name, impl.kind, unit=fam.unit, dtype=impl.dtype),
+                make,
                 reference=reference, check=functools.partial(check_output, wl),
                 rate=functools.partial(fam.rate, wl), label=f"[{k}/{len(workloads)}] {wl.name}",
                 runtime=impl.runtime, remote=remote))
@@ -547,7 +730,9 @@ def bench_workloads(workloads: Sequence[W.Workload], cfg: BenchConfig,
                     impls: Sequence[OpImpl] | None = None) -> list[Result]:
     """Build, check and time every implementation of ``cfg.impls`` (default: all of
     ``impls``, default :data:`IMPLEMENTATIONS`) on every workload."""
-    impls = IMPLEMENTATIONS if impls is None else tuple(impls)
+    if impls is None:
+        impls = IMPLEMENTATIONS + (BF16_IMPLEMENTATIONS if cfg.bf16 else ())
+    impls = tuple(impls)
     if cfg.impls is not None:
         unknown = [n for n in cfg.impls if n not in impl_names(impls)]
         if unknown:

@@ -159,8 +159,11 @@ def ov_prepared(model_bytes: bytes, feed: dict[str, np.ndarray], threads: int,
     def output():
         return np.array(request.get_output_tensor(0).data)
     hint = facts["ov_performance_hint"].rsplit(".", 1)[-1]
-    note = (f"ran {ran} (INFERENCE_PRECISION_HINT {'set to f32' if precision else 'default'});"
-            f" {hint}, {facts['ov_streams']} stream(s), {facts['ov_threads']} threads, "
+    asked = f"set to {precision}" if precision else "default"
+    if precision and ran != precision:  # e.g. bf16 asked on a CPU without native bf16
+        asked += f": not honoured, the CPU plugin ran {ran}"
+    note = (f"ran {ran} (INFERENCE_PRECISION_HINT {asked}); {hint}, {facts['ov_streams']} "
+            f"stream(s), {facts['ov_threads']} threads, "
             f"pinning {'on' if facts['ov_pinning'] else 'off'}")
     dtype = OV_PRECISIONS.get(ran, ran)
     return Prepared(run, output, note=note, info=facts,

@@ -200,7 +200,8 @@ def format_summary(results: Sequence[Result], bandwidth: dict | None = None,
     """One row per workload (and dtype): every implementation's median ms side by side, the
     side costs (a layout conversion...) beside the implementation that pays them, then
     ``impl``'s (default :func:`primary_impl`) rate and its speedup over every baseline and
-    peer and over the best peer (the README table)."""
+    peer and over the best peer (the README table); a row without ``impl`` (bfloat16) shows
+    its own topi-bn implementation's."""
     impl = impl or primary_impl(results)
     names = _impls(results)
     by = {(r.group, r.impl): r for r in results}
@@ -225,6 +226,8 @@ def format_summary(results: Sequence[Result], bandwidth: dict | None = None,
             cells.append("—" if r is None or r.timing is None
                          else "yes" if r.note == "tuned record" else "no")
         r = by.get((g, impl))
+        if r is None:  # a bfloat16 row: its own topi-bn build against the bf16 peers
+            r = next((x for x in results if x.group == g and x.kind == "topi-bn"), None)
         if r is None or r.timing is None:
             cells += ["—"] * (3 + len(others))
         else:

@@ -84,6 +84,10 @@ class BenchConfig:
         ``"isolated"`` (default): each runtime in its own worker process with its default
         thread policy, the processes taking turns; ``"shared"``: all runtimes in this process
         (see the module docstring).
+    bf16 : bool
+        CPU: also the bfloat16 rows (``--dtype bfloat16``): per layer
+        :data:`topi_bn.bench.ops.BF16_IMPLEMENTATIONS`, per network the ``dtype="bfloat16"``
+        builds, OpenVINO bf16 and PyTorch's autocast, beside the float32 ones.
     """
 
     target: str = "x86"
@@ -96,6 +100,7 @@ class BenchConfig:
     spin_wait: bool = False
     tuning_logs: str = "shipped"
     threads_policy: str = "isolated"
+    bf16: bool = False
 
     def __post_init__(self):
         check_threads_policy(self.threads_policy)

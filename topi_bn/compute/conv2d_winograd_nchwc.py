@@ -20,8 +20,11 @@ kernel reads :math:`\\alpha^2 / 9` times the bytes of the direct kernel's weight
 the saved multiplies, which is why large tiles suit large maps. A, B and G are TVM's (the
 interpolation points of Barabasz et al., 2018, chosen for float32 accuracy).
 
-Only float32 (Winograd's transforms add rounding that float16 cannot absorb), stride 1,
-dilation 1, padding 1 ("same" 3x3 convs, groups 1). Layouts as in :mod:`.conv2d_nchwc`: data
+Data float32 or bfloat16 (Winograd's transforms add rounding that float16 cannot absorb), the
+transformed weight float32: bfloat16 data is widened as it is read, everything after runs in
+float32 and the output is rounded once (a ``dtype="bfloat16"`` build transforms the
+bfloat16-rounded weight, in float64, so the kernel computes the direct conv of the bf16 values
+up to float32 rounding). Stride 1, dilation 1, padding 1 ("same" 3x3 convs, groups 1). Layouts as in :mod:`.conv2d_nchwc`: data
 NCHW[cb]c, output NCHW[kb]c; the weight is (alpha, alpha, K/kb, C/cb, cb, kb).
 
 Blocks (all tagged ``schedule_rule = "topi_bn.conv2d_winograd_nchwc"``): ``pad``, ``bn_scale`` /
@@ -43,13 +46,19 @@ from tvm import te
 
 from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
 from .conv2d_nchwc import blocked_epilogue, check_residual
-from ..checks import ShapeOnly, check_eps, check_rank, check_te_tensors, conv_geometry_nchwc
+from ..checks import (
+    ShapeOnly, cast as _cast, check_eps, check_float, check_rank, check_te_tensors,
+    conv_geometry_nchwc,
+)
 
 RULE = "topi_bn.conv2d_winograd_nchwc"
 TILES = (2, 4)
+#: data dtypes: bfloat16 data is widened to float32 as it is read (the transforms, products
+#: and epilogue run in float32 on a float32 transformed weight) and the output rounded once
+DTYPES = ("float32", "bfloat16")
 
 __all__ = ["conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
-           "winograd_matrices", "RULE", "TILES"]
+           "winograd_matrices", "RULE", "TILES", "DTYPES"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,10 +90,10 @@ def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.T
     Parameters
     ----------
     data : te.Tensor
-        5-D (N, C/cb, H, W, cb), float32.
+        5-D (N, C/cb, H, W, cb), float32 or bfloat16.
     weight : te.Tensor
         6-D (alpha, alpha, K/kb, C/cb, cb, kb), alpha = ``tile + 2``: the transformed weight
-        (:func:`topi_bn.layouts.pack_winograd_weight`), float32.
+        (:func:`topi_bn.layouts.pack_winograd_weight`), float32 (for either data dtype).
     gamma, beta, mean, var, bias, residual, eps, activation, out_dtype
         As in :func:`topi_bn.compute.conv2d_bn_act_nchwc`.
     tile : {2, 4}
@@ -100,10 +109,10 @@ def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.T
     """
     check_te_tensors(("gamma", "beta", "bias", "residual"), data=data, weight=weight,
                      gamma=gamma, beta=beta, mean=mean, var=var, bias=bias, residual=residual)
-    geo, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
+    geo, dtype, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
     eps = check_eps(eps, "float32")
     scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, "float32", RULE)
-    check_residual(residual, geo, "float32", out_dtype)
+    check_residual(residual, geo, dtype, out_dtype)
     return _winograd(data, weight, geo, tile, tile_block, scale, shift, residual, act, out_dtype)
 
 
@@ -115,9 +124,9 @@ def conv2d_shift_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, shift: t
     scale; ``shift`` is 1-D (K,), float32. Otherwise as
     :func:`conv2d_bn_act_winograd_nchwc`."""
     check_te_tensors(("residual",), data=data, weight=weight, shift=shift, residual=residual)
-    geo, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
+    geo, dtype, act, out_dtype = _check(data, weight, tile, tile_block, activation, out_dtype)
     check_bn_params([("shift", shift)], geo, "float32")
-    check_residual(residual, geo, "float32", out_dtype)
+    check_residual(residual, geo, dtype, out_dtype)
     return _winograd(data, weight, geo, tile, tile_block, None, shift, residual, act, out_dtype)
 
 
@@ -137,11 +146,24 @@ def _check(data, weight, tile, tile_block, activation, out_dtype):
         ko, co, cb, kb = wshape[2:]
         return conv_geometry_nchwc(data, ShapeOnly((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
 
-    geo, dtype, act, out_dtype = check_conv_args(data, weight, geometry, activation, out_dtype)
-    if dtype != "float32":
-        raise TypeError(f"data: the Winograd conv takes float32 (its transforms add rounding "
-                        f"that {dtype} cannot absorb), got {dtype}")
-    return geo, act, out_dtype
+    dtype = check_float("data", data)
+    if dtype not in DTYPES:
+        raise TypeError(f"data: the Winograd conv takes float32 or bfloat16 (its transforms add "
+                        f"rounding that {dtype} cannot absorb), got {dtype}")
+    if check_float("weight", weight) != "float32":
+        raise TypeError(f"weight: expected float32 (the transformed weight; bfloat16 data takes "
+                        f"the float32 transform of its bfloat16 weight), got {weight.dtype}")
+    geo, dtype, act, out_dtype = check_conv_args(data, _Retyped(weight, dtype), geometry,
+                                                 activation, out_dtype)
+    return geo, dtype, act, out_dtype
+
+
+class _Retyped:
+    """``weight``'s shape with the data's dtype: the float32 weight of bfloat16 data passes the
+    conv checks' one-dtype rule."""
+
+    def __init__(self, weight, dtype: str):
+        self.shape, self.dtype = weight.shape, dtype
 
 
 def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual, act: str,
@@ -163,7 +185,8 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
 
     def pad_fn(n, c, y, x, ci):
         inside = tvm.tirx.all(y >= 1, y < h + 1, x >= 1, x < w + 1)
-        return tvm.tirx.if_then_else(inside, data[n, c, y - 1, x - 1, ci], zero)
+        return tvm.tirx.if_then_else(inside, _cast(data[n, c, y - 1, x - 1, ci], "float32"),
+                                     zero)
 
     padded = te.compute((n_img, c_chunks, tiles_h * m + 2, tiles_w * m + 2, cb), pad_fn,
                         name="pad", attrs=attrs)

@@ -6,6 +6,8 @@
 - :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`) and the lowering pipeline
   (:func:`pipeline`, :func:`lower`).
 - :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning.
+- :mod:`.bfloat16`: ``dtype="bfloat16"`` builds (bf16 activations and weights, float32
+  arithmetic), after the bn mode and before the blocked layout.
 """
 from . import registration
 from .registration import is_registered, register, tvm_lowering, unregister
@@ -18,10 +20,11 @@ from .fusion import (  # noqa: E402
     FuseConvBatchNorm, FuseConvShiftAct, fuse_conv_batch_norm, fuse_conv_shift_act,
 )
 from .modes import BN_MODES, ApplyDefaultSchedules, apply_bn_mode, lower, pipeline  # noqa: E402
+from .bfloat16 import ToBFloat16, to_bfloat16  # noqa: E402
 
 __all__ = [
     "registration", "fusion", "modes", "frontends", "from_onnx", "from_exported_program", "register", "unregister", "is_registered",
     "tvm_lowering", "FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm",
     "fuse_conv_shift_act", "BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline",
-    "lower",
+    "lower", "ToBFloat16", "to_bfloat16",
 ]

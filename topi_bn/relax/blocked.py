@@ -13,8 +13,8 @@ function:
   in ``bn="folded"`` that is the weight with the BN scale folded in. A weight that is a function
   parameter is packed at run time by a ``layout_transform`` on every call: bind it
   (``topi_bn.build(..., params=...)``) to pack it once. A 3x3 stride-1 "same" conv with a
-  constant float32 weight and at least :data:`WINOGRAD_MIN_CHANNELS` channels runs Winograd's
-  algorithm instead (:data:`WINOGRAD_COMPUTES`, :mod:`topi_bn.compute.conv2d_winograd_nchwc`),
+  constant float32 (or bfloat16) weight and at least :data:`WINOGRAD_MIN_CHANNELS` channels runs
+  Winograd's algorithm instead (:data:`WINOGRAD_COMPUTES`, :mod:`topi_bn.compute.conv2d_winograd_nchwc`),
   its weight transformed here (:func:`topi_bn.layouts.pack_winograd_weight`), unless the pass
   is made with ``winograd=False``;
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
@@ -54,6 +54,7 @@ from ..compute import (
     conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc, conv2d_shift_act_nchwc,
     conv2d_shift_act_winograd_nchwc,
 )
+from ..compute.conv2d_winograd_nchwc import DTYPES as WINOGRAD_DTYPES
 from ..layouts import (
     ChannelBlocking, data_index_map, pack_weight, pack_winograd_weight, weight_index_map,
 )
@@ -311,10 +312,10 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
                   dilation: Any = 1, groups: int = 1) -> int | None:
     """The Winograd output tile (2 or 4) that a blocked build gives an NCHW conv of these
     shapes and options, or None for the direct kernel: 3x3 with stride 1, dilation 1, padding
-    1 and groups 1, float32, at least :data:`WINOGRAD_MIN_CHANNELS` input and output channels;
-    4x4 tiles on maps of at least :data:`WINOGRAD_TILE4_MIN_SIDE`. (The build also wants the
+    1 and groups 1, float32 or bfloat16, at least :data:`WINOGRAD_MIN_CHANNELS` input and
+    output channels; 4x4 tiles on maps of at least :data:`WINOGRAD_TILE4_MIN_SIDE`. (The build also wants the
     weight to be a constant.)"""
-    if dtype != "float32" or tuple(weight_shape[2:]) != (3, 3) or int(groups) != 1 \
+    if dtype not in WINOGRAD_DTYPES or tuple(weight_shape[2:]) != (3, 3) or int(groups) != 1 \
             or _as_pair(strides, 2) != (1, 1) or _as_pair(dilation, 2) != (1, 1) \
             or _as_pair(padding, 4) not in ((1, 1, 1, 1), (1, 1)) \
             or min(weight_shape[0], weight_shape[1]) < WINOGRAD_MIN_CHANNELS:
@@ -432,8 +433,10 @@ class _ToBlocked(relax.PyExprMutator):
             from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
 
             compute = WINOGRAD_COMPUTES[compute]
+            # float32 transform (in float64) of the weight, bfloat16 ones included
             weight = relax.const(pack_winograd_weight(
-                t["weight"].value.numpy(), tile, spec.in_block, spec.out_block), "float32")
+                t["weight"].value.numpy().astype("float32"), tile, spec.in_block,
+                spec.out_block), "float32")
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
             options.update(tile=tile, tile_block=winograd_tile_block(
                 self.winograd_target, winograd_tiles(_shape(t["data"]), tile)))

@@ -65,6 +65,7 @@ from tvm import relax
 
 from ..bn_math import scale_shift
 from ..checks import as_array, check_eps
+from ..dtypes import round_to_bfloat16
 from .analysis import FunctionUses, channel_values, is_channel_shape, op_name, \
     prune_dead_bindings, static_shape
 from .params import check_params
@@ -277,8 +278,10 @@ class _FunctionFolder:
     their folded replacements become new parameters (returned in ``new_params``).
     """
 
-    def __init__(self, name: str, func: relax.Function, params: dict[relax.Var, np.ndarray]):
+    def __init__(self, name: str, func: relax.Function, params: dict[relax.Var, np.ndarray],
+                 weight_rounding: str | None = None):
         self.name = name
+        self.weight_rounding = weight_rounding
         self.func = func
         self.params = params
         self.bindings = {b.var: b for block in func.body.blocks for b in block.bindings}
@@ -416,6 +419,10 @@ class _FunctionFolder:
             s, weight.shape, layer.weight_out_axis, layer.weight_in_axis, layer.groups)
         new_bias = t if bias is None else bias * s + t
         bias_like = layer.bias if layer.bias is not None else layer.call_var
+        if self.weight_rounding == "bfloat16" and weight.dtype == np.float32:
+            # rounded once, from float64, to the bfloat16 the build will store (float32 holds
+            # it exactly: the build's later conversion to bfloat16 changes nothing)
+            new_weight = np.asarray(round_to_bfloat16(new_weight), np.float64)
         new_weight = _cast_finite(new_weight, weight.dtype)
         new_bias = _cast_finite(new_bias, str(bias_like.ty.dtype))
         if new_weight is None or new_bias is None:
@@ -529,7 +536,8 @@ def _cast_finite(array64: np.ndarray, dtype) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
-def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: str = "main"):
+def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: str = "main",
+                    *, weight_rounding: str | None = None):
     """Fold inference batch norms into the conv2d / conv2d_transpose / matmul before them.
 
     Parameters
@@ -541,6 +549,11 @@ def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: st
         constants. Not modified. Weights bound as constants are folded either way.
     func_name : str
         The function ``params`` belong to.
+    weight_rounding : {None, "bfloat16"}
+        ``"bfloat16"``: each folded float32 weight is rounded once, from its float64 fold, to
+        the nearest bfloat16 (:func:`topi_bn.dtypes.round_to_bfloat16`) and kept as float32 (which
+        holds it exactly), for a ``dtype="bfloat16"`` build: converting it to bfloat16 later
+        changes nothing, where rounding the float32 fold again would round twice.
 
     Returns
     -------
@@ -557,6 +570,8 @@ def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: st
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
+    if weight_rounding not in (None, "bfloat16"):
+        raise ValueError(f"weight_rounding: expected None or 'bfloat16', got {weight_rounding!r}")
     params = {} if params is None else params
     functions = {gv.name_hint: func for gv, func in mod.functions_items()}
     if params and not isinstance(functions.get(func_name), relax.Function):
@@ -570,7 +585,8 @@ def fold_batch_norm(mod: tvm.IRModule, params: dict | None = None, func_name: st
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
-        folder = _FunctionFolder(gv.name_hint, func, bound if gv.name_hint == func_name else {})
+        folder = _FunctionFolder(gv.name_hint, func, bound if gv.name_hint == func_name else {},
+                                 weight_rounding)
         new_func = folder.run()
         record.folded += folder.record.folded
         record.skipped += folder.record.skipped

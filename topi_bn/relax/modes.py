@@ -302,7 +302,8 @@ def _legalize_only(mod: tvm.IRModule, ops) -> tvm.IRModule:
 
 
 def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None = None,
-                  target: Any = None, *, return_report: bool = False):
+                  target: Any = None, *, return_report: bool = False,
+                  weight_rounding: str | None = None):
     """Rewrite the batch-norms of ``mod`` for build mode ``bn`` (see the module docstring).
 
     Parameters
@@ -320,6 +321,10 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
         Also return a :class:`~topi_bn.relax.report.BatchNormReport`: what became of each
         batch-norm (fused, folded, its own kernel, unpacked) and why a fusion or fold did not
         happen.
+    weight_rounding : {None, "bfloat16"}
+        ``folded``: passed to :func:`topi_bn.relax.fold.fold_batch_norm` (``"bfloat16"``: the
+        folded weights rounded once, from float64, to bfloat16, for a ``dtype="bfloat16"``
+        build).
 
     Returns
     -------
@@ -345,7 +350,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
             outcomes = fuse.report
             mod = FuseConvShiftAct()(mod)  # the convs without a batch-norm
         elif bn == "folded":
-            mod, new_params, record = fold_batch_norm(mod)
+            mod, new_params, record = fold_batch_norm(mod, weight_rounding=weight_rounding)
             mod = bind_params(mod, new_params)
             check_constant_batch_norms(mod)  # those left unfolded
             fuse = FuseConvBatchNorm()

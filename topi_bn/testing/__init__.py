@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
-           "built_kernels", "legalized_prim_func"]
+           "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
+           "assert_close_to_range"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
@@ -19,6 +20,42 @@ TOLERANCES = {
     "float16": (2e-2, 1e-2),
     "bfloat16": (1.5e-1, 3e-2),
 }
+
+
+#: dtype -> largest per-element error against a float64 reference, relative to the reference's
+#: range (its largest magnitude), for a kernel that rounds its output once to ``dtype`` from a
+#: float32 result: half a unit in the last place is 2**-9 of a value for bfloat16, 2**-11 for
+#: float16; twice that leaves room for the float32 arithmetic before it. (PyTorch's and JAX's
+#: reduced-precision tests scale their error by the output's magnitude the same way.)
+RANGE_TOLERANCES = {
+    "float32": 1e-5,
+    "float16": 2.0 ** -10,
+    "bfloat16": 2.0 ** -8,
+}
+
+
+def error_to_range(actual, reference) -> float:
+    """``max|actual - reference| / max|reference|`` (inf for a non-finite ``actual``)."""
+    actual, reference = as_float64(actual), as_float64(reference)
+    if actual.shape != reference.shape:
+        raise AssertionError(f"shape {actual.shape} != reference shape {reference.shape}")
+    if not np.all(np.isfinite(actual)):
+        return float("inf")
+    scale = max(float(np.abs(reference).max(initial=0.0)), np.finfo(np.float64).tiny)
+    return float(np.abs(actual - reference).max(initial=0.0)) / scale
+
+
+def assert_close_to_range(actual, reference, dtype: str, name: str = "output",
+                          tol: float | None = None) -> float:
+    """Fail unless every element of ``actual`` is within ``tol`` (default
+    ``RANGE_TOLERANCES[dtype]``) of the float64 ``reference``, relative to the reference's
+    largest magnitude; returns that relative error."""
+    tol = RANGE_TOLERANCES[dtype] if tol is None else tol
+    err = error_to_range(actual, reference)
+    if not err <= tol:
+        raise AssertionError(f"{name} ({dtype}): error {err:.3g} of the output's range, more "
+                             f"than {tol:.3g}")
+    return err
 
 
 def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
