@@ -86,6 +86,22 @@ def test_verdicts():
     assert np.isnan(fuzz._relative_error(np.array([np.nan, 1.0]), np.array([0.0, 1.0])))
 
 
+def test_ill_conditioned_outputs_are_judged_against_eager():
+    """An output that cancels to nearly zero (float64 1e-17) passes when its float32 error is
+    near PyTorch eager's own float32 error, and fails when it is far beyond it; on a
+    well-conditioned output (eager's error 1e-7 of the range) RELATIVE_TOLERANCE decides."""
+    ref = np.array([1e-17, -2e-17, 6e-17])
+    eager = np.array([4e-9, -1.3e-8, 1.3e-8])
+    assert fuzz._relative_error(eager, ref) > 1e6  # the plain range check cannot pass it
+    assert fuzz._within_tolerance(np.array([-6e-9, 1.1e-8, 1.5e-8]), ref, eager, "float32")
+    assert not fuzz._within_tolerance(np.array([1e-3, 0.0, 0.0]), ref, eager, "float32")
+    assert not fuzz._within_tolerance(np.array([np.nan, 0.0, 0.0]), ref, eager, "float32")
+    good = np.array([1.0, 2.0, 3.0])
+    assert not fuzz._within_tolerance(good * (1 + 1e-3), good, good * (1 + 1e-7), "float32")
+    assert not fuzz._within_tolerance(good * (1 + 2e-4), good, good * (1 + 1e-7), "float32")
+    assert fuzz._within_tolerance(good * (1 + 1e-5), good, good, "float32")
+
+
 def test_shrink_keeps_what_fails():
     """Shrinking drops every layer that the failure does not need (here: any graph with a
     conv_transpose 'fails') and rewires readers of a dropped layer to its input."""

@@ -10,7 +10,10 @@ outputs and layers whose result is never used. It is imported through ``torch.ex
 (constants, or kept parameters passed as ``params=``), built by :func:`topi_bn.build` in one
 ``bn`` mode and ``layout`` (:class:`Config`), run, and every output compared with the model run
 by PyTorch eager in float64: the error relative to the output's range must stay within
-:data:`RELATIVE_TOLERANCE` of its dtype.
+:data:`RELATIVE_TOLERANCE` of its dtype, or, where the output is ill-conditioned (a value that
+cancels to nearly zero, such as the mean of a training batch-norm's output), within
+:data:`EAGER_FACTOR` times the error PyTorch's own eager run in that dtype makes (PyTorch's
+``test_decomp`` judges a decomposition against eager's error the same way).
 
 A case passes, or is *refused* (a one-line ``ValueError`` / ``TypeError`` raised by topi-bn,
 naming what it does not support), or fails: ``crash`` (any other exception, an ``InternalError``
@@ -42,12 +45,17 @@ import numpy as np
 
 from ..checks import one_line
 
-__all__ = ["Node", "Graph", "Config", "Outcome", "RELATIVE_TOLERANCE", "random_graph",
+__all__ = ["Node", "Graph", "Config", "Outcome", "RELATIVE_TOLERANCE", "EAGER_FACTOR",
+           "random_graph",
            "random_config", "model_of", "run_case", "shrink", "fuzz", "main"]
 
 #: dtype -> largest error allowed, relative to the output's largest magnitude (PyTorch's and
 #: JAX's reduced-precision tests measure error against the range the same way)
 RELATIVE_TOLERANCE = {"float32": 1e-4}
+#: an output also passes when its largest absolute error against float64 is at most this many
+#: times PyTorch eager's own in the same dtype (only looser where eager itself is far off, as on
+#: cancellations; on a well-conditioned output eager's error is ~1e-7 of its range)
+EAGER_FACTOR = 10.0
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 LAYOUTS = ("auto", "keep")
@@ -534,7 +542,9 @@ def run_case(graph: Graph, config: Config, target=None, dtype: str = "float32") 
     model = model_of(graph)
     with torch.no_grad():
         ref = model_of(graph).double()(torch.from_numpy(x).double())
+        eager = model_of(graph)(torch.from_numpy(x.copy()))
     refs = [r.numpy() for r in (ref if isinstance(ref, tuple) else (ref,))]
+    eagers = [e.numpy() for e in (eager if isinstance(eager, tuple) else (eager,))]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -556,16 +566,29 @@ def run_case(graph: Graph, config: Config, target=None, dtype: str = "float32") 
     if len(outs) != len(refs):
         return Outcome("wrong", f"{len(outs)} outputs, PyTorch has {len(refs)}",
                        time.perf_counter() - start)
-    for k, (out, r) in enumerate(zip(outs, refs)):
+    for k, (out, r, e) in enumerate(zip(outs, refs, eagers)):
         if out.shape != r.shape:
             return Outcome("wrong", f"output {k}: shape {out.shape}, PyTorch {r.shape}",
                            time.perf_counter() - start)
         err = _relative_error(out, r)
-        if not err <= RELATIVE_TOLERANCE[dtype]:
+        if not _within_tolerance(out, r, e, dtype):
             return Outcome("wrong", f"output {k}: relative error {err:.3g} > "
-                                    f"{RELATIVE_TOLERANCE[dtype]:g}",
+                                    f"{RELATIVE_TOLERANCE[dtype]:g} (PyTorch eager "
+                                    f"{dtype}: {_relative_error(e, r):.3g})",
                            time.perf_counter() - start)
     return Outcome("pass", "", time.perf_counter() - start)
+
+
+def _within_tolerance(out: np.ndarray, ref: np.ndarray, eager: np.ndarray, dtype: str) -> bool:
+    """``out`` is within :data:`RELATIVE_TOLERANCE` of the float64 ``ref`` relative to its
+    range, or no more than :data:`EAGER_FACTOR` times as far from it as PyTorch eager's
+    ``eager`` in ``dtype`` (NaN errors never pass)."""
+    err = _relative_error(out, ref)
+    if err <= RELATIVE_TOLERANCE[dtype]:
+        return True
+    eager_err = _relative_error(eager, ref)
+    return bool(np.isfinite(err) and np.isfinite(eager_err) and eager_err > 0
+                and err <= EAGER_FACTOR * eager_err)
 
 
 def _relative_error(out: np.ndarray, ref: np.ndarray) -> float:
