@@ -34,23 +34,24 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .common import ScheduleRule, inline_consumers, op_blocks
+from .helpers import cpu_params, divisors, knob
 
 __all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "intrin_name", "native_dpbf16",
            "MAX_TILE", "LANES"]
 
 #: output channels per register (the float32 lanes of a zmm)
 LANES = 16
-#: most output positions of a register tile: T accumulators + a weight vector + a broadcast
-#: among the 32 zmm registers, with room for the addresses
+#: most output positions of the default register tile: 14 independent accumulators cover
+#: vdpbf16ps's latency at its throughput on Zen 4 / Sapphire Rapids (llvm-mca: 6 cycles at two
+#: per cycle on Zen 4, 5 at one on SPR) and divide the common widths 7, 14, 28, 56; tuning may
+#: try up to :attr:`~topi_bn.schedules.helpers.CpuParams.accumulators` (28 with 32 zmm)
 MAX_TILE = 14
 
 
 def native_dpbf16(target: Target) -> bool:
-    """Whether ``target`` has AVX512_BF16 (read from the target, never the host)."""
-    from tvm.target import codegen
-
-    return target.kind.name == "llvm" and bool(
-        codegen.llvm_cpu_has_features(["avx512bf16"], target))
+    """Whether ``target`` has AVX512_BF16 (:attr:`CpuParams.bf16_dot
+    <topi_bn.schedules.helpers.CpuParams>`, read from the target, never the host)."""
+    return cpu_params(target).bf16_dot
 
 
 def micro_kernel_ir(tile: int, native: bool) -> str:
@@ -181,19 +182,17 @@ def _register(tile: int, stride: int, cb: int, native: bool) -> str:
                                      xs * (xw - 1) + cb, 1),
                     T.tvm_access_ptr(T.type_annotation("uint16"), W.data, W.elem_offset,
                                      pairs * LANES * 2, 1),
-                    xs * stride, pairs, cs))
+                    # i32 as the micro-kernel declares them (an int64 kernel's strides are i64)
+                    T.Cast("int32", xs * stride), pairs, T.Cast("int32", cs)))
 
     tvm.s_tir.TensorIntrin.register(name, desc if tile > 1 else desc1, impl)
     return name
 
 
-def _tile_candidates(ow: int) -> list[int]:
-    return [t for t in range(1, min(ow, MAX_TILE) + 1) if ow % t == 0]
-
-
 def default_tile(ow: int) -> int:
-    """The widest register tile that divides OW (a micro-kernel call is never partial)."""
-    return _tile_candidates(ow)[-1]
+    """The widest register tile of at most :data:`MAX_TILE` positions that divides OW (a
+    micro-kernel call is never partial)."""
+    return divisors(ow, MAX_TILE)[-1]
 
 
 class Dpbf16Conv(ScheduleRule):
@@ -219,12 +218,8 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
     if kb_ext != LANES:
         raise ValueError(f"the vdpbf16ps conv needs output blocks of {LANES} channels, got "
                          f"{kb_ext}")
-    cands = _tile_candidates(ow_ext)
-    tile = default_tile(ow_ext)
-    if tunable:
-        tile = cands[int(sch.sample_categorical(list(range(len(cands))),
-                                                [1.0 / len(cands)] * len(cands),
-                                                decision=len(cands) - 1))]
+    p = cpu_params(target)
+    tile = knob(sch, tunable, divisors(ow_ext, p.accumulators), default_tile(ow_ext))
     ow_o, ow_i = sch.split(ow, [None, tile])
     task = sch.fuse(n, ko, oh)
     sch.parallel(task)
@@ -242,7 +237,8 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
     stride = _stride(geo)
     cb = int(sch.get(rp).extent) * 2
     # a one-position tile has no loop over positions left to tensorize at
-    sch.tensorize(c_ow if tile > 1 else c_kb, _register(tile, stride, cb, native_dpbf16(target)))
+    tile = int(sch.get(ow_i).extent)  # a sampled knob is a variable: read it off the loop
+    sch.tensorize(c_ow if tile > 1 else c_kb, _register(tile, stride, cb, p.bf16_dot))
     if x_buf is not None:
         pn, pc, py, px, pci = sch.get_loops(x_buf)
         sch.parallel(sch.fuse(pn, pc, py))

@@ -35,14 +35,18 @@ def _bf16(a):
     return np.asarray(round_to_bfloat16(a), np.float64)
 
 
-def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True):
-    cb = kb = 16
+def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, cb=16,
+             swap_pairs=False):
+    kb = 16
     x = _bf16(rng.standard_normal((1, c, hw, hw)))
     w = _bf16(rng.standard_normal((k, c, ksz, ksz)) / np.sqrt(c * ksz * ksz))
     pad = ksz // 2
     oh = (hw + 2 * pad - ksz) // stride + 1
+    packed = L.pack_weight_pairs(w, cb, kb)
+    if swap_pairs:  # the pair's two input channels exchanged: what a wrong interleave computes
+        packed = np.ascontiguousarray(packed[..., ::-1])
     arrays = {"data": round_to_bfloat16(L.nchw_to_nchwc(x, cb)),
-              "weight": round_to_bfloat16(L.pack_weight_pairs(w, cb, kb))}
+              "weight": round_to_bfloat16(packed)}
     if folded:
         arrays["shift"] = rng.standard_normal(k).astype("float32")
     else:
@@ -76,15 +80,22 @@ def test_pair_packing_round_trip(rng):
     assert p[1, 2, 0, 1, 5, 7, 0] == w[16 + 7, 32 + 10, 0, 1]
     assert p[1, 2, 0, 1, 5, 7, 1] == w[16 + 7, 32 + 11, 0, 1]
     np.testing.assert_array_equal(L.unpack_weight_pairs(p), w)
-    with pytest.raises(ValueError, match=r"^cb: expected an even block"):
-        L.pack_weight_pairs(w, 3, 16)
+    # an odd block: ceil(cb / 2) pairs, the last one's second weight zero
+    p3 = L.pack_weight_pairs(w[:, :6], 3, 16)
+    assert p3.shape == (2, 2, 3, 3, 2, 16, 2)
+    assert p3[0, 1, 2, 2, 1, 4, 0] == w[4, 5, 2, 2] and not p3[..., 1, :, 1].any()
+    np.testing.assert_array_equal(L.unpack_weight_pairs(p3, 3), w[:, :6])
+    with pytest.raises(ValueError, match=r"^cb: 5 does not divide"):
+        L.pack_weight_pairs(w, 5, 16)
 
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2 portable"])
 @pytest.mark.parametrize("case", [
     dict(), dict(folded=True), dict(stride=2, hw=11), dict(ksz=1, residual=False, hw=7),
-    dict(hw=17, c=16, k=16),
-], ids=["3x3_bn_residual", "3x3_folded", "3x3_stride2", "1x1", "ow17_one_position_tiles"])
+    dict(hw=17, c=16, k=16), dict(c=3, cb=3, hw=12, k=16, stride=2),
+    dict(c=6, cb=3, ksz=1, hw=9, k=16, folded=True), dict(c=40, cb=8, hw=8, k=16),
+], ids=["3x3_bn_residual", "3x3_folded", "3x3_stride2", "1x1", "ow17_one_position_tiles",
+        "3x3_stride2_3ch_padded_pair", "1x1_odd_blocks_of_3", "3x3_cb8"])
 def test_matches_float64(rng, case, schedule):
     """On an AVX2 target the schedule's micro-kernel is the portable one (float32 multiplies and
     adds in vdpbf16ps's order): the kernel, its loops and the pair layout checked here."""
@@ -98,6 +109,22 @@ def test_matches_float64(rng, case, schedule):
     assert_close_to_range(got, expect, BF16)
 
 
+@pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2 portable"])
+@pytest.mark.parametrize("case", [dict(), dict(c=3, cb=3, hw=8, k=16)], ids=["cb16", "cb3"])
+def test_a_wrong_interleave_is_caught(rng, case, schedule):
+    """The check above can fail: the weight's pairs swapped (input channel 2p + 1's weight on
+    2p and the reverse, or for an odd block the real weight on the padding channel) is far
+    outside the bf16 tolerance."""
+    if schedule and not host_can_run("x86-avx2")[0]:
+        pytest.skip(host_can_run("x86-avx2")[1])
+    arrays, opts, expect = _problem(rng, swap_pairs=True, **case)
+    ph, out = _kernel(arrays, opts)
+    (got,) = run_te(ph, out, list(arrays.values()), target="x86-avx2" if schedule else "llvm",
+                    schedule=schedule)
+    with pytest.raises(AssertionError):
+        assert_close_to_range(got, expect, BF16)
+
+
 def test_portable_micro_kernel_is_used_without_avx512bf16(rng):
     arrays, opts, _ = _problem(rng)
     ph, out = _kernel(arrays, opts)
@@ -105,7 +132,8 @@ def test_portable_micro_kernel_is_used_without_avx512bf16(rng):
                                   "x86-avx2")
     text = mod.script()
     assert "tb_dpbf16_t10_f32" in text and "dpbf16ps" not in text.replace("tb_dpbf16", "")
-    assert not native_dpbf16(_target("haswell")) and not native_dpbf16(_target("znver3"))
+    for mcpu in ("haswell", "znver3", "skylake-avx512", "icelake-server"):
+        assert not native_dpbf16(_target(mcpu)), mcpu
 
 
 def _hot_loop(asm: str) -> list[str]:
@@ -190,8 +218,8 @@ def _kernels(mod):
     ("znver3", BF16, False), ("sapphirerapids", "float32", False),
 ])
 def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
-    """bf16 builds for AVX512_BF16 targets run their 16-channel, groups-1 convs on the pair
-    kernel (the 3-channel stem and Winograd layers keep theirs); no other build does."""
+    """bf16 builds for AVX512_BF16 targets run their groups-1 convs with 16-channel output
+    blocks on the pair kernel (Winograd layers keep theirs); no other build does."""
     from topi_bn.relax.bfloat16 import to_bfloat16
     from topi_bn.relax.blocked import to_blocked_layout
 
@@ -200,8 +228,66 @@ def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     kernels = _kernels(to_blocked_layout(mod, _target(mcpu)))
     dp = [k for k in kernels if "dpbf16" in k]
     assert bool(dp) == expected, kernels
-    if expected:
-        assert "topi_bn_conv2d_bn_act_nchwc" in kernels  # the stem: 3 input channels
+    if expected:  # the stem too: its 3 input channels make two pairs, the last padded
+        assert not [k for k in kernels if k.startswith("topi_bn_conv2d_bn_act_nchwc")], kernels
+
+
+class _Small(torch.nn.Module):
+    """A 3-channel stem (odd block: padded pairs), a stride-2 3x3 conv and a 1x1 conv, each
+    with BN and ReLU; 16 channels, so that no layer is Winograd's."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("target,uses", [
+    ("sapphirerapids", True), ("znver4", True),
+    ("x86-avx512", False), ("icelake-server", False), ("x86-avx2", False),
+])
+def test_build_uses_vdpbf16ps_only_with_avx512bf16(target, uses):
+    """``topi_bn.build(..., dtype="bfloat16")`` compiled (never run): on AVX512_BF16 targets
+    every conv's reduction loop is vdpbf16ps on zmm accumulators; AVX-512 without BF16
+    (Skylake-X, Ice Lake) and AVX2 have no vdpbf16ps anywhere (the portable kernel)."""
+    from topi_bn.testing.asm import loops
+    from topi_bn.testing.models import randomize_bn
+
+    torch.manual_seed(0)
+    net = randomize_bn(_Small(), 0).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = topi_bn.from_exported_program(
+            torch.export.export(net, (torch.randn(1, 3, 28, 28),)), keep_buffer_updates=False)
+    tgt = topi_bn.resolve_target(target) if target.startswith("x86") else _target(target)
+    asm = _asm(topi_bn.build(mod, tgt, dtype=BF16, tuning_logs=None))
+    assert asm.count("topi_bn_conv2d_") >= 3  # the kernels' code is in what is read
+    if not uses:
+        assert "vdpbf16ps" not in asm
+        return
+    assert not re.search(r"call\w*\s+tb_dpbf16", asm)  # inlined, not an undefined symbol
+    dp_loops = [lp for lp in loops(asm) if lp.count(r"^vdpbf16ps\s")]
+    assert len({lp.function for lp in dp_loops}) == 3, [lp.function for lp in dp_loops]
+    for lp in dp_loops:  # a register tile of 14 positions: one instruction per position and pair
+        assert all("zmm" in ins for ins in lp.body if ins.startswith("vdpbf16ps"))
+        assert lp.count(r"^vdpbf16ps\s") % 14 == 0
+    # the 3x3 stride-2 conv's reduction loop: accumulators in registers, nothing stored. (The
+    # 1x1's loop is the whole tile, zeroing, 8 pairs and the stores; the stem's keeps some
+    # broadcasts of inputs that the next kernel column reuses on the stack: docs/bf16.md.)
+    assert [lp for lp in dp_loops if not lp.spills and not lp.vector_stores]
+
+
+def _asm(ex) -> str:
+    """The assembly of a Relax build: the kernels are in the executable's imported LLVM
+    module."""
+    return "".join(m.inspect_source("asm") for m in [ex.mod] + list(ex.mod.imports)
+                   if m.kind == "llvm")
 
 
 def test_network_compiles_for_sapphirerapids():
@@ -214,7 +300,7 @@ def test_network_compiles_for_sapphirerapids():
         warnings.simplefilter("ignore")
         mod = topi_bn.from_exported_program(
             torch.export.export(net, (torch.randn(1, 3, 32, 32),)), keep_buffer_updates=False)
-    ex = topi_bn.build(mod, _target("sapphirerapids"), dtype=BF16, tuning_logs=None)
-    asm = "".join(m.inspect_source("asm") for m in [ex.mod] + list(ex.mod.imports)
-                  if m.kind == "llvm")
+    asm = _asm(topi_bn.build(mod, _target("sapphirerapids"), dtype=BF16, tuning_logs=None))
     assert asm.count("vdpbf16ps") > 0
+    # the micro-kernel is inlined everywhere: a call would be to a symbol no module defines
+    assert not re.search(r"call\w*\s+tb_dpbf16", asm)

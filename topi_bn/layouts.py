@@ -195,26 +195,32 @@ def weight_index_map(cb: int, kb: int):
 
 
 def pack_weight_pairs(w, cb: int, kb: int) -> np.ndarray:
-    """OIHW (K, C, KH, KW) -> OIHW[cb/2]i[kb]o2i (K/kb, C/cb, KH, KW, cb/2, kb, 2): the blocked
-    weight with each pair of input channels ``(2p, 2p + 1)`` interleaved per output channel, the
-    ``vdpbf16ps`` operand layout (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`); groups 1, ``cb``
-    even. NumPy only (the build packs a constant weight once); the dtype is kept."""
+    """OIHW (K, C, KH, KW) -> OIHW[cb/2]i[kb]o2i (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2): the
+    blocked weight with each pair of input channels ``(2p, 2p + 1)`` of a block interleaved per
+    output channel, the ``vdpbf16ps`` operand layout (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`);
+    groups 1. An odd ``cb`` pads each block with a zero weight (its last pair is ``(w, 0)``).
+    NumPy only (the build packs a constant weight once); the dtype is kept."""
     k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
-    if not isinstance(cb, int) or isinstance(cb, bool) or cb < 2 or cb % 2:
-        raise ValueError(f"cb: expected an even block >= 2 (pairs of input channels), got {cb!r}")
+    _check_block("cb", cb, c, "input channels of w")
     packed = pack_weight(w, cb, kb)  # (K/kb, C/cb, KH, KW, cb, kb)
-    ko, co = k // kb, c // cb
-    pairs = packed.reshape(ko, co, kh, kw, cb // 2, 2, kb).transpose(0, 1, 2, 3, 4, 6, 5)
+    if cb % 2:
+        packed = np.concatenate([packed, np.zeros_like(packed[:, :, :, :, :1])], axis=4)
+    ko, co, cb2 = k // kb, c // cb, packed.shape[4]
+    pairs = packed.reshape(ko, co, kh, kw, cb2 // 2, 2, kb).transpose(0, 1, 2, 3, 4, 6, 5)
     return np.ascontiguousarray(pairs)
 
 
-def unpack_weight_pairs(w) -> np.ndarray:
-    """The inverse of :func:`pack_weight_pairs`: OIHW (K, C, KH, KW)."""
+def unpack_weight_pairs(w, cb: int | None = None) -> np.ndarray:
+    """The inverse of :func:`pack_weight_pairs`: OIHW (K, C, KH, KW); ``cb``, the input block
+    (default: twice the pairs), drops an odd block's padding."""
     ko, co, kh, kw, p, kb, two = _check_ndim("w", w, 7, "OIHW[x/2]i[y]o2i")
     if two != 2:
         raise ValueError(f"w: expected pairs in the last axis (2), got shape {np.shape(w)}")
+    cb = 2 * p if cb is None else cb
+    if (cb + 1) // 2 != p:
+        raise ValueError(f"cb: {cb} channels do not make the {p} pairs of w")
     a = np.asarray(w).transpose(0, 1, 2, 3, 4, 6, 5).reshape(ko, co, kh, kw, 2 * p, kb)
-    return unpack_weight(a)
+    return unpack_weight(np.ascontiguousarray(a[:, :, :, :, :cb]))
 
 
 def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:

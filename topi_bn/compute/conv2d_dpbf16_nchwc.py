@@ -5,12 +5,14 @@ weight packed for AVX512_BF16's ``vdpbf16ps`` (pairs of input channels per 32-bi
 b[2j+1]`` (bf16 pairs, products exact in float32). With the output-channel block ``kb = 16``
 as the lanes, ``a`` a broadcast pair of input channels ``(2p, 2p + 1)`` (adjacent in NCHW[cb]c
 data) and ``b`` the 16 output channels' weights of that pair, interleaved, one instruction does
-32 multiply-adds: twice an FMA's 16. The weight is packed OIHW[cb/2]i[kb]o2i:
+32 multiply-adds: twice an FMA's 16. The weight is packed OIHW[cb/2]i[kb]o2i
+(an odd ``cb`` has ``(cb + 1) / 2`` pairs, the last one's second weight zero):
 
 .. math:: W_{ko, co, y, x, p, k, t} = w[ko\\,kb + k,\\; co\\,cb + 2p + t,\\; y, x]
 
-7-D (K/kb, C/cb, KH, KW, cb/2, kb, 2) (:func:`topi_bn.layouts.pack_weight_pairs`). Data NCHW[cb]c
-(cb even), output NCHW[kb]c, bf16; accumulation, BN scale and shift (or the folded shift),
+7-D (K/kb, C/cb, KH, KW, cb/2, kb, 2) (:func:`topi_bn.layouts.pack_weight_pairs`). Data
+NCHW[cb]c (an odd ``cb``, e.g. a 3-channel image, is read through a padding stage that adds a
+zero channel to each block, so the last pair is ``(x, 0)``), output NCHW[kb]c, bf16; accumulation, BN scale and shift (or the folded shift),
 residual and activation in float32 (:func:`~topi_bn.compute.conv2d_nchwc.blocked_epilogue`),
 then one rounding to the output dtype (bf16 by default). Groups 1 only (depthwise convs have one
 input channel per output: no pairs).
@@ -52,9 +54,9 @@ def conv2d_bn_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Ten
     Parameters
     ----------
     data : te.Tensor
-        5-D (N, C/cb, H, W, cb), bfloat16, ``cb`` even.
+        5-D (N, C/cb, H, W, cb), bfloat16 (``cb`` odd: the pairs' padding is added here).
     weight : te.Tensor
-        7-D (K/kb, C/cb, KH, KW, cb/2, kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i).
+        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i).
     gamma, beta, mean, var, bias, residual, strides, padding, dilation, eps, activation,
     out_dtype
         As in :func:`topi_bn.compute.conv2d_bn_act_nchwc` (groups 1; BN parameters float32 or
@@ -92,11 +94,13 @@ def conv2d_shift_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.
 
 class _Unpaired:
     """The 6-D blocked view (K/kb, C/cb, KH, KW, cb, kb) of a paired weight, for the geometry
-    checks."""
+    checks: ``cb`` is the data's block when the pairs hold it, the last one padded
+    (``ceil(cb / 2)`` pairs)."""
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape, dtype, cb):
         ko, co, kh, kw, p, kb, _ = shape
-        self.shape, self.dtype = (ko, co, kh, kw, 2 * p, kb), dtype
+        cb = cb if isinstance(cb, int) and (cb + 1) // 2 == p else 2 * p
+        self.shape, self.dtype = (ko, co, kh, kw, cb, kb), dtype
 
 
 def _check(data, weight, strides, padding, dilation, activation, out_dtype):
@@ -108,37 +112,44 @@ def _check(data, weight, strides, padding, dilation, activation, out_dtype):
     if wshape[-1] != 2:
         raise ValueError(f"weight: expected pairs of input channels in the last axis (2), got "
                          f"shape {wshape}")
-    view = _Unpaired(wshape, str(weight.dtype))
+    view = _Unpaired(wshape, str(weight.dtype), _int(data.shape[-1]))
     geo, _, act, out_dtype = check_conv_args(data, view, lambda: conv_geometry_nchwc(
         data, view, strides, padding, dilation, 1), activation,
         "bfloat16" if out_dtype is None else out_dtype)
-    if geo.in_block % 2:
-        raise ValueError(f"data: the channel block must be even (pairs of channels), got "
-                         f"{geo.in_block}")
     return geo, act, out_dtype
+
+
+def _int(x):
+    try:
+        return int(x)
+    except TypeError:
+        return None
 
 
 def _conv(data, weight, geo, scale, shift, residual, act: str, out_dtype: str) -> te.Tensor:
     attrs = {"schedule_rule": RULE}
     cb = geo.in_block
+    cb2 = cb + cb % 2  # an odd block gets a zero channel: its last pair is (x, 0)
     pt, pl, pb, pr = geo.pad
     sh, sw = geo.strides
     dh, dw = geo.dilation
-    if any(geo.pad):
+    if any(geo.pad) or cb2 != cb:
         zero = tvm.tirx.const(0, "bfloat16")
 
         def pad_fn(n, c, y, x, ci):
-            inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, x >= pl, x < pl + geo.in_w)
-            return tvm.tirx.if_then_else(inside, data[n, c, y - pt, x - pl, ci], zero)
+            inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, x >= pl, x < pl + geo.in_w,
+                                  ci < cb)
+            return tvm.tirx.if_then_else(
+                inside, data[n, c, y - pt, x - pl, tvm.tirx.min(ci, cb - 1)], zero)
 
         padded = te.compute((geo.batch, geo.in_channels // cb, geo.in_h + pt + pb,
-                             geo.in_w + pl + pr, cb), pad_fn, name="pad", attrs=attrs)
+                             geo.in_w + pl + pr, cb2), pad_fn, name="pad", attrs=attrs)
     else:
         padded = data
     rco = te.reduce_axis((0, geo.in_channels // cb), name="rco")
     ry = te.reduce_axis((0, geo.kh), name="ry")
     rx = te.reduce_axis((0, geo.kw), name="rx")
-    rp = te.reduce_axis((0, cb // 2), name="rp")
+    rp = te.reduce_axis((0, cb2 // 2), name="rp")
     rt = te.reduce_axis((0, 2), name="rt")
 
     def conv_fn(n, ko, oy, ox, ki):

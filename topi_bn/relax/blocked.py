@@ -81,7 +81,7 @@ WINOGRAD_COMPUTES = {
 }
 #: blocked compute -> its bf16 twin with the weight packed in input-channel pairs, whose inner
 #: product is ``vdpbf16ps`` (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`): chosen for bf16 convs
-#: (groups 1, even input block, 16-channel output blocks, constant weight) when the target has
+#: (groups 1, 16-channel output blocks, constant weight) when the target has
 #: AVX512_BF16 (:func:`dpbf16_applies`)
 DPBF16_COMPUTES = {
     conv2d_bn_act_nchwc: conv2d_bn_act_dpbf16_nchwc,
@@ -334,12 +334,12 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
 
 def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: int) -> bool:
     """Whether a blocked conv with these properties runs the ``vdpbf16ps`` kernel
-    (:data:`DPBF16_COMPUTES`): bf16, groups 1, an even input block, 16-channel output blocks,
-    and ``target`` (read from the target, never the host) has AVX512_BF16."""
+    (:data:`DPBF16_COMPUTES`): bf16, groups 1, 16-channel output blocks (any input block: an
+    odd one, a 3-channel image, gets a zero channel per pair), and ``target`` (read from the
+    target, never the host) has AVX512_BF16."""
     from topi_bn.schedules.cpu_conv_dpbf16 import LANES, native_dpbf16
 
-    return dtype == "bfloat16" and int(groups) == 1 and in_block % 2 == 0 \
-        and out_block == LANES and native_dpbf16(resolve_target(target))
+    return dtype == "bfloat16" and int(groups) == 1 and out_block == LANES and native_dpbf16(resolve_target(target))
 
 
 def winograd_tiles(data_shape, tile: int) -> int:
