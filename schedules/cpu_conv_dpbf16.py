@@ -21,11 +21,11 @@ numerics are testable anywhere (``vdpbf16ps`` also flushes bf16 denormals to zer
 does not).
 
 Loops (the epilogue's): ``(n, ko, oh)`` one parallel loop, ``ow`` split into register tiles of
-``T`` positions (a divisor of OW, at most :data:`MAX_TILE` so that ``T + 2`` zmm registers hold
-the tile, the weight vector and a broadcast); under each tile the conv runs ``rco, ry, rx`` in
-TIR around the micro-kernel over the ``cb / 2`` pairs, then the BN, residual and activation
-in float32 vectors before one bf16 store. ``T`` is a knob (``sample_categorical`` over the
-divisors when tuning).
+``T`` positions (a divisor of OW, by default the largest up to :data:`MAX_TILE`); under each
+tile the conv runs ``rco, ry, rx`` in TIR around the micro-kernel over the ``cb / 2`` pairs,
+then the BN, residual and activation in float32 vectors before one bf16 store. ``T`` is a knob
+(:func:`~topi_bn.schedules.helpers.knob`: the divisors of OW up to ``CpuParams.accumulators``
+when tuning); whether ``vdpbf16ps`` or the float32 form is inlined is ``CpuParams.bf16_dot``.
 """
 from __future__ import annotations
 
@@ -41,10 +41,10 @@ __all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "intrin_name
 
 #: output channels per register (the float32 lanes of a zmm)
 LANES = 16
-#: most output positions of the default register tile: 14 independent accumulators cover
-#: vdpbf16ps's latency at its throughput on Zen 4 / Sapphire Rapids (llvm-mca: 6 cycles at two
-#: per cycle on Zen 4, 5 at one on SPR) and divide the common widths 7, 14, 28, 56; tuning may
-#: try up to :attr:`~topi_bn.schedules.helpers.CpuParams.accumulators` (28 with 32 zmm)
+#: most output positions of the default register tile, as the float32 blocked conv's 14: that
+#: many independent accumulators cover vdpbf16ps's latency (6 cycles in LLVM 19's Zen 4/5
+#: model, 8 in its Sapphire Rapids one) even at two per cycle, and 14 divides the common widths
+#: 7, 14, 28, 56; tuning may try up to ``CpuParams.accumulators`` (28 with 32 zmm registers)
 MAX_TILE = 14
 
 

@@ -10,8 +10,8 @@ Where is the x86 conv schedule chosen? Here, in ``RULES["cpu"]``: the blocked co
 network builds run (``topi_bn.conv2d_nchwc``) is :class:`.cpu_conv_nchwc.NchwcConv`, its
 Winograd form :class:`.cpu_conv_winograd.WinogradConv`, its bf16 form with the weight in
 input-channel pairs (``vdpbf16ps`` on AVX512_BF16) :class:`.cpu_conv_dpbf16.Dpbf16Conv`, the
-NCHW / NHWC kernel (``topi_bn.conv2d_bn_relu``) :class:`.cpu.FusedConv`; their knob defaults come from
-:func:`.helpers.cpu_params` of the target.
+NCHW / NHWC kernel (``topi_bn.conv2d_bn_relu``) :class:`.cpu.FusedConv`; their knob defaults
+come from :func:`.helpers.cpu_params` of the target.
 
 Every entry point goes through :func:`schedule_function` (one function, topi-bn ops) or
 :func:`apply_default_schedules` (a module, untuned; it calls :func:`schedule_function`):

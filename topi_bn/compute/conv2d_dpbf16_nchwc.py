@@ -12,9 +12,10 @@ data) and ``b`` the 16 output channels' weights of that pair, interleaved, one i
 
 7-D (K/kb, C/cb, KH, KW, cb/2, kb, 2) (:func:`topi_bn.layouts.pack_weight_pairs`). Data
 NCHW[cb]c (an odd ``cb``, e.g. a 3-channel image, is read through a padding stage that adds a
-zero channel to each block, so the last pair is ``(x, 0)``), output NCHW[kb]c, bf16; accumulation, BN scale and shift (or the folded shift),
-residual and activation in float32 (:func:`~topi_bn.compute.conv2d_nchwc.blocked_epilogue`),
-then one rounding to the output dtype (bf16 by default). Groups 1 only (depthwise convs have one
+zero channel to each block, so the last pair is ``(x, 0)``), output NCHW[kb]c, bf16;
+accumulation, BN scale and shift (or the folded shift), residual and activation in float32
+(:func:`~topi_bn.compute.conv2d_nchwc.blocked_epilogue`), then one rounding to the output dtype
+(bf16 by default). Groups 1 only (depthwise convs have one
 input channel per output: no pairs).
 
 The compute is plain TE (the reduction over ``rco, ry, rx, rp, rt``), so it runs anywhere; the

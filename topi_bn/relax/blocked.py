@@ -339,7 +339,8 @@ def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: in
     target, never the host) has AVX512_BF16."""
     from topi_bn.schedules.cpu_conv_dpbf16 import LANES, native_dpbf16
 
-    return dtype == "bfloat16" and int(groups) == 1 and out_block == LANES and native_dpbf16(resolve_target(target))
+    return dtype == "bfloat16" and int(groups) == 1 and out_block == LANES \
+        and native_dpbf16(resolve_target(target))
 
 
 def winograd_tiles(data_shape, tile: int) -> int:
