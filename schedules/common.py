@@ -32,13 +32,15 @@ ANCHORS = {
     "conv2d_nchwc": "conv",
     "depthwise_conv2d_nchwc": "conv",
     "conv2d_winograd_nchwc": "wino_gemm",
+    "conv2d_dpbf16_nchwc": "conv",
     "batch_norm_train": "bn_norm",
     "batch_norm_infer": "bn_norm",
     "layer_norm": "ln_norm",
 }
 
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)
-CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc")
+CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc",
+                "conv2d_dpbf16_nchwc")
 
 
 class ScheduleRule:

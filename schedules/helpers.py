@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import tvm
-from tvm.target import Target
+from tvm.target import Target, codegen
 
 from topi_bn.targets import num_cores, vector_bits, vector_lanes
 
@@ -62,6 +62,11 @@ class CpuParams:
         AVX-512 (llvm-mca's Zen 4 / Zen 5 model runs a 512-bit ``vbroadcastss`` from memory on
         FP1, one of the two FMA pipes, for half a 512-bit FMA's time; on Intel cores it is a
         load-port operation, which makes 0.5 pessimistic there).
+    bf16_dot : bool
+        AVX512_BF16: ``vdpbf16ps`` adds products of bf16 pairs into float32 lanes (two
+        multiply-adds per lane where an FMA does one); the bf16 conv with pair-packed weights
+        (:mod:`~topi_bn.schedules.cpu_conv_dpbf16`) uses it, and the graph pass picks that conv
+        only then.
     """
 
     lanes: int
@@ -74,6 +79,7 @@ class CpuParams:
     fma_latency: int = 4
     embedded_broadcast: bool = False
     broadcast_cost: float = 0.0
+    bf16_dot: bool = False
 
     @property
     def accumulators(self) -> int:
@@ -88,8 +94,9 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
     aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
     avx512 = not aarch64 and vector_bits(target) >= 512
     regs = 32 if aarch64 or avx512 else 16
-    issue = dict(loads_per_cycle=3.0, embedded_broadcast=True, broadcast_cost=0.5) if avx512 \
-        else {}
+    issue = dict(loads_per_cycle=3.0, embedded_broadcast=True, broadcast_cost=0.5,
+                 bf16_dot=target.kind.name == "llvm" and bool(
+                     codegen.llvm_cpu_has_features(["avx512bf16"], target))) if avx512 else {}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
 

@@ -8,9 +8,10 @@ by analysis (the classifier's product, pools, layout transforms: ``graph_ops`` b
 
 Where is the x86 conv schedule chosen? Here, in ``RULES["cpu"]``: the blocked conv that
 network builds run (``topi_bn.conv2d_nchwc``) is :class:`.cpu_conv_nchwc.NchwcConv`, its
-Winograd form :class:`.cpu_conv_winograd.WinogradConv`, the NCHW / NHWC kernel
-(``topi_bn.conv2d_bn_relu``) :class:`.cpu.FusedConv`; their knob defaults come from
-:func:`.helpers.cpu_params` of the target.
+Winograd form :class:`.cpu_conv_winograd.WinogradConv`, its bf16 form with the weight in
+input-channel pairs (``vdpbf16ps`` on AVX512_BF16) :class:`.cpu_conv_dpbf16.Dpbf16Conv`, the
+NCHW / NHWC kernel (``topi_bn.conv2d_bn_relu``) :class:`.cpu.FusedConv`; their knob defaults
+come from :func:`.helpers.cpu_params` of the target.
 
 Every entry point goes through :func:`schedule_function` (one function, topi-bn ops) or
 :func:`apply_default_schedules` (a module, untuned; it calls :func:`schedule_function`):
@@ -51,7 +52,8 @@ from tvm.target import Target
 from topi_bn.targets import resolve_target, target_family
 
 from . import (
-    cpu, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise, cpu_layout, cpu_pool, cuda,
+    cpu, cpu_conv_dpbf16, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise,
+    cpu_layout, cpu_pool, cuda,
 )
 from .common import (
     ANCHORS, CPU_ONLY_OPS, RULE_PREFIX, ScheduleRule, has_topi_bn_blocks, is_anchor, op_of,
@@ -70,6 +72,7 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu.FusedConv(),                    # conv2d_bn_relu, depthwise_conv2d_bn_relu (NCHW/NHWC)
         cpu_conv_nchwc.NchwcConv(),         # conv2d_nchwc, depthwise_conv2d_nchwc (blocked)
         cpu_conv_winograd.WinogradConv(),   # conv2d_winograd_nchwc
+        cpu_conv_dpbf16.Dpbf16Conv(),       # conv2d_dpbf16_nchwc (bf16, pair-packed weight)
         cpu.BatchNormTrain(),
         cpu.BatchNormInfer(),
         cpu.LayerNorm(),

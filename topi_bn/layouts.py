@@ -31,7 +31,7 @@ import numpy as np
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
-    "unpack_winograd_weight",
+    "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs",
 ]
 
 
@@ -192,6 +192,35 @@ def weight_index_map(cb: int, kb: int):
     _check_block("cb", cb)
     _check_block("kb", kb)
     return lambda k, c, h, w: (k // kb, c // cb, h, w, c % cb, k % kb)
+
+
+def pack_weight_pairs(w, cb: int, kb: int) -> np.ndarray:
+    """OIHW (K, C, KH, KW) -> OIHW[cb/2]i[kb]o2i (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2): the
+    blocked weight with each pair of input channels ``(2p, 2p + 1)`` of a block interleaved per
+    output channel, the ``vdpbf16ps`` operand layout (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`);
+    groups 1. An odd ``cb`` pads each block with a zero weight (its last pair is ``(w, 0)``).
+    NumPy only (the build packs a constant weight once); the dtype is kept."""
+    k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
+    _check_block("cb", cb, c, "input channels of w")
+    packed = pack_weight(w, cb, kb)  # (K/kb, C/cb, KH, KW, cb, kb)
+    if cb % 2:
+        packed = np.concatenate([packed, np.zeros_like(packed[:, :, :, :, :1])], axis=4)
+    ko, co, cb2 = k // kb, c // cb, packed.shape[4]
+    pairs = packed.reshape(ko, co, kh, kw, cb2 // 2, 2, kb).transpose(0, 1, 2, 3, 4, 6, 5)
+    return np.ascontiguousarray(pairs)
+
+
+def unpack_weight_pairs(w, cb: int | None = None) -> np.ndarray:
+    """The inverse of :func:`pack_weight_pairs`: OIHW (K, C, KH, KW); ``cb``, the input block
+    (default: twice the pairs), drops an odd block's padding."""
+    ko, co, kh, kw, p, kb, two = _check_ndim("w", w, 7, "OIHW[x/2]i[y]o2i")
+    if two != 2:
+        raise ValueError(f"w: expected pairs in the last axis (2), got shape {np.shape(w)}")
+    cb = 2 * p if cb is None else cb
+    if (cb + 1) // 2 != p:
+        raise ValueError(f"cb: {cb} channels do not make the {p} pairs of w")
+    a = np.asarray(w).transpose(0, 1, 2, 3, 4, 6, 5).reshape(ko, co, kh, kw, 2 * p, kb)
+    return unpack_weight(np.ascontiguousarray(a[:, :, :, :, :cb]))
 
 
 def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:

@@ -51,18 +51,19 @@ from tvm import relax, te
 from tvm.ir.expr import Constant
 
 from ..compute import (
-    conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc, conv2d_shift_act_nchwc,
-    conv2d_shift_act_winograd_nchwc,
+    conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
+    conv2d_shift_act_dpbf16_nchwc, conv2d_shift_act_nchwc, conv2d_shift_act_winograd_nchwc,
 )
 from ..compute.conv2d_winograd_nchwc import DTYPES as WINOGRAD_DTYPES
 from ..layouts import (
-    ChannelBlocking, data_index_map, pack_weight, pack_winograd_weight, weight_index_map,
+    ChannelBlocking, data_index_map, pack_weight, pack_weight_pairs, pack_winograd_weight,
+    weight_index_map,
 )
 from ..targets import resolve_target, target_family
 from .registration import emit_te, kernel_description
 
 __all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
-           "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES"]
+           "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES", "DPBF16_COMPUTES", "dpbf16_applies"]
 
 #: NCHW kernel (``kernel_description``'s ``compute``) -> its blocked twin and the names of its
 #: per-channel tensors, in the order of the twin's arguments after ``data`` and ``weight``.
@@ -77,6 +78,14 @@ _GEOMETRY_OPTIONS = ("strides", "padding", "dilation", "groups")
 WINOGRAD_COMPUTES = {
     conv2d_bn_act_nchwc: conv2d_bn_act_winograd_nchwc,
     conv2d_shift_act_nchwc: conv2d_shift_act_winograd_nchwc,
+}
+#: blocked compute -> its bf16 twin with the weight packed in input-channel pairs, whose inner
+#: product is ``vdpbf16ps`` (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`): chosen for bf16 convs
+#: (groups 1, 16-channel output blocks, constant weight) when the target has
+#: AVX512_BF16 (:func:`dpbf16_applies`)
+DPBF16_COMPUTES = {
+    conv2d_bn_act_nchwc: conv2d_bn_act_dpbf16_nchwc,
+    conv2d_shift_act_nchwc: conv2d_shift_act_dpbf16_nchwc,
 }
 #: fewest input and output channels for which Winograd pays (16 -> 24 channels at 13x13 ran
 #: 1.5x slower than the direct kernel on Zen 3; 64 -> 64 at 56x56 2.1x faster)
@@ -323,6 +332,17 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
     return 4 if min(data_shape[2], data_shape[3]) >= WINOGRAD_TILE4_MIN_SIDE else 2
 
 
+def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: int) -> bool:
+    """Whether a blocked conv with these properties runs the ``vdpbf16ps`` kernel
+    (:data:`DPBF16_COMPUTES`): bf16, groups 1, 16-channel output blocks (any input block: an
+    odd one, a 3-channel image, gets a zero channel per pair), and ``target`` (read from the
+    target, never the host) has AVX512_BF16."""
+    from topi_bn.schedules.cpu_conv_dpbf16 import LANES, native_dpbf16
+
+    return dtype == "bfloat16" and int(groups) == 1 and out_block == LANES \
+        and native_dpbf16(resolve_target(target))
+
+
 def winograd_tiles(data_shape, tile: int) -> int:
     """Output tiles of a "same" 3x3 conv on NCHW data of ``data_shape``: N * ceil(H/m) *
     ceil(W/m)."""
@@ -347,10 +367,12 @@ def _winograd_tile(spec: _ConvSpec, weight) -> int | None:
 # -- the rewrite -----------------------------------------------------------------------------------
 @relax.expr_functor.mutator
 class _ToBlocked(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, blocking: ChannelBlocking, winograd_target):
+    def __init__(self, mod: tvm.IRModule, blocking: ChannelBlocking, winograd_target,
+                 target=None):
         super().__init__(mod)
         self.blocking = blocking
         self.winograd_target = winograd_target  # the target; None: no Winograd
+        self.target = target
         self.plan: _Plan | None = None
         self._reset()
 
@@ -440,6 +462,13 @@ class _ToBlocked(relax.PyExprMutator):
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
             options.update(tile=tile, tile_block=winograd_tile_block(
                 self.winograd_target, winograd_tiles(_shape(t["data"]), tile)))
+        elif self.target is not None and isinstance(t["weight"], Constant) \
+                and dpbf16_applies(self.target, _dtype(t["weight"]), options.get("groups", 1),
+                                   spec.in_block, spec.out_block):
+            compute = DPBF16_COMPUTES[compute]
+            weight = relax.const(pack_weight_pairs(
+                t["weight"].value.numpy(), spec.in_block, spec.out_block), "bfloat16")
+            options.pop("groups", None)
         else:
             weight = self._pack(t["weight"], spec)
         args = [self.to_blocked(t["data"], spec.in_block), weight]
@@ -575,8 +604,8 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
         plan = _Plan(mod, func, blocking)
         if not plan.convs:
             continue
-        rewriter = _ToBlocked(mod, blocking, target if winograd else None) if rewriter is None \
-            else rewriter
+        rewriter = _ToBlocked(mod, blocking, target if winograd else None, target) \
+            if rewriter is None else rewriter
         rewriter.plan = plan
         new = rewriter.visit_expr(func)
         rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))

@@ -449,7 +449,12 @@ class NarrowKernelIndices:
     Relax emits kernels with int64 shapes; their int64 index arithmetic costs LLVM its
     addressing modes and registers: the blocked 3x3 conv of ResNet's first stage ran 2.5x
     slower with int64 indices than with int32 (AVX2, same schedule). It runs after the tuning
-    records and default schedules are applied, so it changes nothing a record matches."""
+    records and default schedules are applied, so it changes nothing a record matches.
+
+    Tensorized kernels (blocks with ``match_buffer``: the bf16 pair conv's micro-kernel call)
+    keep int64: TVM 0.27's ``ForceNarrowIndexToInt32`` leaves the match_buffer source regions
+    in int64 under int32 loops, and ``s_tir.CompactBufferAllocation`` then fails with
+    "mismatched types. int64 vs. int32"; their inner loop is the micro-kernel's own (i32)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from topi_bn.schedules.common import has_topi_bn_blocks
@@ -457,7 +462,7 @@ class NarrowKernelIndices:
         out = None
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
-                    or not has_topi_bn_blocks(func):
+                    or not has_topi_bn_blocks(func) or _tensorized(func):
                 continue
             out = mod.clone() if out is None else out
             out.update_func(gv, narrow_indices(func))
@@ -472,6 +477,14 @@ def narrow_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
         return func
     narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
     return narrow(tvm.IRModule({"main": func}))["main"]
+
+
+def _tensorized(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether a block of ``func`` has match_buffers (a tensorized block)."""
+    from topi_bn.schedules.common import block_names
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    return any(len(sch.get(sch.get_sblock(n)).match_buffers) for n in block_names(sch))
 
 
 def _fits_int32(func: tvm.tirx.PrimFunc) -> bool:

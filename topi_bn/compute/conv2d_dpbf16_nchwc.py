@@ -1,0 +1,164 @@
+"""bf16 conv2d + inference batch-norm + activation (+ residual) in the blocked layout, with the
+weight packed for AVX512_BF16's ``vdpbf16ps`` (pairs of input channels per 32-bit lane).
+
+``vdpbf16ps zmm_acc, zmm_a, zmm_b`` adds to each of 16 float32 lanes ``a[2j] b[2j] + a[2j+1]
+b[2j+1]`` (bf16 pairs, products exact in float32). With the output-channel block ``kb = 16``
+as the lanes, ``a`` a broadcast pair of input channels ``(2p, 2p + 1)`` (adjacent in NCHW[cb]c
+data) and ``b`` the 16 output channels' weights of that pair, interleaved, one instruction does
+32 multiply-adds: twice an FMA's 16. The weight is packed OIHW[cb/2]i[kb]o2i
+(an odd ``cb`` has ``(cb + 1) / 2`` pairs, the last one's second weight zero):
+
+.. math:: W_{ko, co, y, x, p, k, t} = w[ko\\,kb + k,\\; co\\,cb + 2p + t,\\; y, x]
+
+7-D (K/kb, C/cb, KH, KW, cb/2, kb, 2) (:func:`topi_bn.layouts.pack_weight_pairs`). Data
+NCHW[cb]c (an odd ``cb``, e.g. a 3-channel image, is read through a padding stage that adds a
+zero channel to each block, so the last pair is ``(x, 0)``), output NCHW[kb]c, bf16;
+accumulation, BN scale and shift (or the folded shift), residual and activation in float32
+(:func:`~topi_bn.compute.conv2d_nchwc.blocked_epilogue`), then one rounding to the output dtype
+(bf16 by default). Groups 1 only (depthwise convs have one
+input channel per output: no pairs).
+
+The compute is plain TE (the reduction over ``rco, ry, rx, rp, rt``), so it runs anywhere; the
+x86 schedule (:mod:`topi_bn.schedules.cpu_conv_dpbf16`) replaces its inner product by a
+``vdpbf16ps`` micro-kernel on targets with AVX512_BF16 and by the same arithmetic in float32
+elsewhere. Blocks: as in :mod:`.conv2d_nchwc`, tagged ``schedule_rule =
+"topi_bn.conv2d_dpbf16_nchwc"``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import te
+
+from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
+from .conv2d_nchwc import blocked_epilogue, check_residual
+from ..checks import (
+    cast as _cast, check_eps, check_float, check_rank, check_te_tensors, conv_geometry_nchwc,
+)
+
+RULE = "topi_bn.conv2d_dpbf16_nchwc"
+
+__all__ = ["conv2d_bn_act_dpbf16_nchwc", "conv2d_shift_act_dpbf16_nchwc", "RULE"]
+
+
+def conv2d_bn_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,
+                               beta: te.Tensor | None, mean: te.Tensor, var: te.Tensor,
+                               bias: te.Tensor | None = None,
+                               residual: te.Tensor | None = None, *, strides: Any = 1,
+                               padding: Any = 0, dilation: Any = 1, eps: float = 1e-5,
+                               activation: str | None = "relu",
+                               out_dtype: str | None = None) -> te.Tensor:
+    """Fused bf16 conv2d -> [bias] -> batch_norm(inference) -> [residual] -> activation, the
+    weight packed in input-channel pairs.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        5-D (N, C/cb, H, W, cb), bfloat16 (``cb`` odd: the pairs' padding is added here).
+    weight : te.Tensor
+        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i).
+    gamma, beta, mean, var, bias, residual, strides, padding, dilation, eps, activation,
+    out_dtype
+        As in :func:`topi_bn.compute.conv2d_bn_act_nchwc` (groups 1; BN parameters float32 or
+        bf16; ``out_dtype`` defaults to bfloat16).
+
+    Returns
+    -------
+    te.Tensor
+        5-D (N, K/kb, OH, OW, kb).
+    """
+    check_te_tensors(("gamma", "beta", "bias", "residual"), data=data, weight=weight,
+                     gamma=gamma, beta=beta, mean=mean, var=var, bias=bias, residual=residual)
+    geo, act, out_dtype = _check(data, weight, strides, padding, dilation, activation,
+                                 out_dtype)
+    eps = check_eps(eps, "float32")
+    scale, shift = bn_epilogue_params(gamma, beta, mean, var, bias, eps, geo, "bfloat16", RULE)
+    check_residual(residual, geo, "bfloat16", out_dtype)
+    return _conv(data, weight, geo, scale, shift, residual, act, out_dtype)
+
+
+def conv2d_shift_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.Tensor,
+                                  residual: te.Tensor | None = None, *, strides: Any = 1,
+                                  padding: Any = 0, dilation: Any = 1,
+                                  activation: str | None = "relu",
+                                  out_dtype: str | None = None) -> te.Tensor:
+    """The folded variant: ``weight`` carries the BN scale, ``shift`` (K,) is float32 or bf16;
+    otherwise as :func:`conv2d_bn_act_dpbf16_nchwc`."""
+    check_te_tensors(("residual",), data=data, weight=weight, shift=shift, residual=residual)
+    geo, act, out_dtype = _check(data, weight, strides, padding, dilation, activation,
+                                 out_dtype)
+    check_bn_params([("shift", shift)], geo, "bfloat16")
+    check_residual(residual, geo, "bfloat16", out_dtype)
+    return _conv(data, weight, geo, None, shift, residual, act, out_dtype)
+
+
+class _Unpaired:
+    """The 6-D blocked view (K/kb, C/cb, KH, KW, cb, kb) of a paired weight, for the geometry
+    checks: ``cb`` is the data's block when the pairs hold it, the last one padded
+    (``ceil(cb / 2)`` pairs)."""
+
+    def __init__(self, shape, dtype, cb):
+        ko, co, kh, kw, p, kb, _ = shape
+        cb = cb if isinstance(cb, int) and (cb + 1) // 2 == p else 2 * p
+        self.shape, self.dtype = (ko, co, kh, kw, cb, kb), dtype
+
+
+def _check(data, weight, strides, padding, dilation, activation, out_dtype):
+    for name, t in (("data", data), ("weight", weight)):
+        if check_float(name, t) != "bfloat16":
+            raise TypeError(f"{name}: the vdpbf16ps conv takes bfloat16, got {t.dtype}")
+    wshape = check_rank("weight", weight, 7, " (K/kb, C/cb, KH, KW, cb/2, kb, 2), the weight "
+                        "packed in input-channel pairs")
+    if wshape[-1] != 2:
+        raise ValueError(f"weight: expected pairs of input channels in the last axis (2), got "
+                         f"shape {wshape}")
+    view = _Unpaired(wshape, str(weight.dtype), _int(data.shape[-1]))
+    geo, _, act, out_dtype = check_conv_args(data, view, lambda: conv_geometry_nchwc(
+        data, view, strides, padding, dilation, 1), activation,
+        "bfloat16" if out_dtype is None else out_dtype)
+    return geo, act, out_dtype
+
+
+def _int(x):
+    try:
+        return int(x)
+    except TypeError:
+        return None
+
+
+def _conv(data, weight, geo, scale, shift, residual, act: str, out_dtype: str) -> te.Tensor:
+    attrs = {"schedule_rule": RULE}
+    cb = geo.in_block
+    cb2 = cb + cb % 2  # an odd block gets a zero channel: its last pair is (x, 0)
+    pt, pl, pb, pr = geo.pad
+    sh, sw = geo.strides
+    dh, dw = geo.dilation
+    if any(geo.pad) or cb2 != cb:
+        zero = tvm.tirx.const(0, "bfloat16")
+
+        def pad_fn(n, c, y, x, ci):
+            inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, x >= pl, x < pl + geo.in_w,
+                                  ci < cb)
+            return tvm.tirx.if_then_else(
+                inside, data[n, c, y - pt, x - pl, tvm.tirx.min(ci, cb - 1)], zero)
+
+        padded = te.compute((geo.batch, geo.in_channels // cb, geo.in_h + pt + pb,
+                             geo.in_w + pl + pr, cb2), pad_fn, name="pad", attrs=attrs)
+    else:
+        padded = data
+    rco = te.reduce_axis((0, geo.in_channels // cb), name="rco")
+    ry = te.reduce_axis((0, geo.kh), name="ry")
+    rx = te.reduce_axis((0, geo.kw), name="rx")
+    rp = te.reduce_axis((0, cb2 // 2), name="rp")
+    rt = te.reduce_axis((0, 2), name="rt")
+
+    def conv_fn(n, ko, oy, ox, ki):
+        x = padded[n, rco, oy * sh + ry * dh, ox * sw + rx * dw, rp * 2 + rt]
+        return te.sum(_cast(x, "float32") * _cast(weight[ko, rco, ry, rx, rp, ki, rt],
+                                                  "float32"), axis=[rco, ry, rx, rp, rt])
+
+    # the schedule's micro-kernel steps over the input by the stride along W
+    conv = te.compute(geo.out_shape, conv_fn, name="conv",
+                      attrs={**attrs, "topi_bn.stride_w": int(sw)})
+    return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
