@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import tvm
 from tvm.target import Target
 
+from topi_bn.targets import resolve_target
+
 from .common import ScheduleRule, block_rule, inline_consumers, op_blocks, stats_blocks
 from .helpers import channel_position, extent, knob, loops_under, tile
 
@@ -107,8 +109,6 @@ def verify_gpu(mod: tvm.IRModule | tvm.tirx.PrimFunc, target) -> bool:
     """TVM's GPU code verification (``tvm.s_tir.analysis.verify_gpu_code``) of every PrimFunc
     in ``mod`` after the device lowering passes: threads per block, shared memory per block,
     vector width, against the limits of ``target``."""
-    from topi_bn.targets import resolve_target
-
     target = resolve_target(target)
     if isinstance(mod, tvm.tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})

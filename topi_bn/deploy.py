@@ -26,6 +26,11 @@ import struct
 import tempfile
 import warnings
 from typing import Any, Callable, Sequence
+from .build import build_with_report, shipped_log_dir
+from .dtypes import check_dtype
+from .relax import from_exported_program, from_onnx
+from .rpc import cross_compiler_for
+from .targets import resolve_target, tuning_log_key
 
 __all__ = ["MODEL_FORMATS", "load_model", "library_compiler", "compile_model",
            "library_arch", "run_library", "model_format"]
@@ -53,7 +58,6 @@ def load_model(path: str, arg: str = "model"):
     suffix or a file the reader cannot parse.
     """
     suffix = model_format(path, arg)
-    from .relax import from_exported_program, from_onnx
 
     if suffix == ".onnx":
         import onnx
@@ -91,8 +95,6 @@ def library_compiler(target: Any, arg: str = "target") -> str | None:
     Raises ValueError, naming ``arg``, when that cross compiler is not on PATH or none is known
     for the target's architecture.
     """
-    from .rpc import cross_compiler_for
-
     try:
         compiler = cross_compiler_for(target)
     except ValueError as err:
@@ -137,10 +139,6 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     topi_bn.build.BuildReport
     """
     from tvm.support import cc
-
-    from .build import build_with_report, shipped_log_dir
-    from .dtypes import check_dtype
-    from .targets import resolve_target, tuning_log_key
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from .checks import shape_of
+from .compute.conv2d_winograd_nchwc import winograd_matrices
+from .targets import vector_lanes
 
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
@@ -53,8 +56,6 @@ class ChannelBlocking:
     def for_target(cls, target: Any, factor: int = 1) -> "ChannelBlocking":
         """The blocking of a CPU ``target`` (anything :func:`topi_bn.resolve_target` takes):
         its float32 lanes, times ``factor`` (a power of two)."""
-        from .targets import vector_lanes
-
         if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1 \
                 or factor & (factor - 1):
             raise ValueError(f"factor: expected a power of two >= 1, got {factor!r}")
@@ -91,8 +92,6 @@ def _is_te(x) -> bool:
 
 
 def _shape(x) -> tuple:
-    from .checks import shape_of
-
     return shape_of(x)
 
 
@@ -200,8 +199,6 @@ def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
     to ``w``'s dtype), blocked as the data (``cb``) and output (``kb``) channels
     (:mod:`topi_bn.compute.conv2d_winograd_nchwc`). NumPy only: the build transforms a
     constant weight once."""
-    from .compute.conv2d_winograd_nchwc import winograd_matrices
-
     k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
     if (kh, kw) != (3, 3):
         raise ValueError(f"w: expected a 3x3 kernel (K, C, 3, 3), got {(k, c, kh, kw)}")
@@ -223,8 +220,6 @@ def unpack_winograd_weight(u, tile: int) -> np.ndarray:
     whose transform is ``u`` (alpha, alpha, K/kb, C/cb, cb, kb), by least squares through G
     (:math:`w = G^+ U G^{+T}`, exact for a ``u`` that :func:`pack_winograd_weight` made, up to
     its rounding): what a float64 reference of the Winograd kernel convolves with."""
-    from .compute.conv2d_winograd_nchwc import winograd_matrices
-
     alpha = tile + 2
     a, b, ko, co, cb, kb = _check_ndim("u", u, 6, "(alpha, alpha, K/kb, C/cb, cb, kb)")
     if (a, b) != (alpha, alpha):

@@ -24,10 +24,12 @@ from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
+from .build import build, schedule_prim_func
 from .checks import check_choice
 from .targets import check_host_can_run, resolve_target, tuning_log_key
 from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
                      workload_prim_func)
+from .tuning_db import drop_records, load_logs, run_time
 
 __all__ = ["VerifyResult", "verify_log", "interleaved_us"]
 
@@ -97,8 +99,6 @@ def _arguments(workload, func, dtype: str) -> list:
 
 def _records(log_dir: str, mod, target) -> list:
     """The log's records of ``mod`` that apply to ``target``, fastest first."""
-    from .tuning_db import load_logs
-
     db = load_logs([log_dir], target).database
     if not db.has_workload(mod):
         return []
@@ -123,9 +123,6 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
 
     ``measure(mods, args)`` returns microseconds per call of each compiled module; default
     :func:`interleaved_us` with ``rounds``. ``target`` is a resolved ``tvm.target.Target``."""
-    from .build import build, schedule_prim_func
-    from .tuning_db import drop_records, run_time
-
     func = workload_prim_func(workload, dtype, target)
     mod = build_visible_mod(func)
     records = _records(log_dir, mod, target)

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import asdict
 from typing import Any, Sequence
 
+from ..targets import resolve_target, target_family
 from .runner import BENCH_PROCESS, BenchConfig, Result, geomean
 from .threads import host_threads, user_thread_env
 from .timing import Timing
@@ -30,8 +31,6 @@ def machine_info(threads: int | None = None, target: Any = "x86") -> dict:
     """CPU model (``/proc/cpuinfo``), LLVM CPU, TVM version, threads, load, peers' versions
     and, for a CUDA target, the GPU: what a table needs to say where it was measured."""
     import tvm
-
-    from ..targets import resolve_target, target_family
 
     model = platform.processor() or "unknown"
     with contextlib.suppress(OSError):

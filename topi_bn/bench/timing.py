@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from ..schedules.helpers import cpu_params
+from ..targets import host_x86_target_dict, resolve_target
 
 __all__ = ["Timing", "time_callable", "time_in_turns", "warm_up", "rounds_number",
            "bandwidth_ceiling", "fma_ceiling"]
@@ -127,8 +129,6 @@ def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None
     import tvm
     from tvm import te
 
-    from ..targets import host_x86_target_dict
-
     if megabytes < 1:
         raise ValueError(f"megabytes: expected >= 1, got {megabytes}")
     n = megabytes * (1 << 20) // 4
@@ -174,9 +174,6 @@ def fma_ceiling(target=None, rounds: int = 5, steps: int = 1_000_000) -> dict:
     loaded or stored in the loop. Returns ``{"fma_gflops", "fma_how"}``."""
     import tvm
     from tvm.script import tirx as T
-
-    from ..schedules.helpers import cpu_params
-    from ..targets import host_x86_target_dict, resolve_target
 
     target = resolve_target(target if target is not None else dict(host_x86_target_dict()))
     p = cpu_params(target)

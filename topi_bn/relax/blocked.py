@@ -50,6 +50,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
+from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
 from ..compute import (
     conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc, conv2d_shift_act_nchwc,
     conv2d_shift_act_winograd_nchwc,
@@ -430,8 +431,6 @@ class _ToBlocked(relax.PyExprMutator):
         options = dict(spec.options)
         tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
         if tile is not None:
-            from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
-
             compute = WINOGRAD_COMPUTES[compute]
             # float32 transform (in float64) of the weight, bfloat16 ones included
             weight = relax.const(pack_winograd_weight(

@@ -38,13 +38,15 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from topi_bn.schedules import apply_default_schedules
+from topi_bn.schedules.common import has_topi_bn_blocks
 from ..bn_math import running_update, scale_shift
 from ..targets import resolve_target, target_family
 from .analysis import FunctionUses, op_name, static_shape
 from .blocked import BlockedLayout
 from .fold import fold_batch_norm
-from .params import check_params
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
+from .params import check_params
 from .registration import (
     ACTIVATION_OPS, BN_CONVENTION_ATTR, MODE_ATTR, OPS, StripKernelDescriptions,
     legalize_options,
@@ -405,8 +407,6 @@ class ApplyDefaultSchedules:
         self.target = resolve_target(target)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules import apply_default_schedules
-
         try:
             return apply_default_schedules(mod, self.target)
         except (ImportError, NotImplementedError) as err:
@@ -436,8 +436,6 @@ class ScheduleCpuGraphOps:
         self.target = resolve_target(target)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules import apply_default_schedules
-
         return apply_default_schedules(mod, self.target, topi_bn_ops=False, graph_ops=True)
 
 
@@ -452,8 +450,6 @@ class NarrowKernelIndices:
     records and default schedules are applied, so it changes nothing a record matches."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules.common import has_topi_bn_blocks
-
         out = None
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
