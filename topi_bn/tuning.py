@@ -29,7 +29,7 @@ from typing import Sequence, TextIO
 
 from . import rpc, workloads as _workloads
 from .checks import check_choice, check_writable_dir, describe
-from .relax.modes import narrow_indices
+from .relax import lowering
 from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.rules import rules_for
@@ -341,7 +341,7 @@ def build_candidate(mod, target, _params=None):
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # int32 indices, as the build compiles the kernel (64-bit index arithmetic made some
     # kernels 2x slower: candidates measured with it were ranked for code no build runs)
-    mod.update_func(mod.get_global_var("main"), narrow_indices(mod["main"]))
+    mod.update_func(mod.get_global_var("main"), lowering.narrow_indices(mod["main"]))
     return tvm_build(mod, target=target)
 
 
