@@ -30,6 +30,7 @@ Knobs live in one dataclass per op; their defaults are read from the target
 A fused elementwise consumer of the op's output (e.g. a ReLU that FuseTIR put into the same
 PrimFunc) is inlined into the epilogue where :meth:`Schedule.reverse_compute_inline` allows it.
 """
+# Long because: the CUDA rules share target limits, statistics helpers, verification.
 from __future__ import annotations
 
 from dataclasses import dataclass

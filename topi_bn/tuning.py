@@ -17,6 +17,7 @@ Every tuned workload also gets a record of its default schedule (what an untuned
 measured by the same builder and runner (:func:`default_record`): a build takes the fastest
 record, so a tuned build is never slower than the default as measured while tuning.
 """
+# Long because: the tuning loop: selection, progress, manifest, measurement, default record.
 from __future__ import annotations
 
 import logging

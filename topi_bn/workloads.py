@@ -34,6 +34,7 @@ A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeho
 :meth:`Workload.compute` calls the topi-bn compute on them, :meth:`Workload.random_inputs`
 makes NumPy inputs and :meth:`Workload.reference` answers in float64.
 """
+# Long because: the registry names every network layer's shape and its twins once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -59,6 +59,7 @@ the machine between two timings. Either way those pairs' times are in ``extra["i
 (:func:`pair_turns` fills them from the rows under the isolated policy, where all rows of a
 network were timed in turns).
 """
+# Long because: one class per network implementation, on shared imports and checks.
 from __future__ import annotations
 
 import functools

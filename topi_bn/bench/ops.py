@@ -59,6 +59,7 @@ mostly the schedule, and the batch-norm and layer_norm ones the kernel itself.
 An implementation is a small :class:`OpImpl` subclass (name, kind, the ops it serves, and
 ``prepare``); see the package docstring for how to add one.
 """
+# Long because: one class per op implementation, on shared inputs and checks.
 from __future__ import annotations
 
 import functools

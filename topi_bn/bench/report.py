@@ -4,6 +4,7 @@ tables and the text of ``results.md``. Plots are in :mod:`topi_bn.bench.plots`.
 Everything here reads :class:`~topi_bn.bench.runner.Result` lists only (op, network and GPU
 results alike); the implementations' order is the order in which they appear in the results.
 """
+# Long because: every output format of a run (JSON, Markdown, summaries) in one place.
 from __future__ import annotations
 
 import contextlib

@@ -21,6 +21,7 @@ Where a case is timed depends on the run's thread policy (:attr:`BenchConfig.thr
 - ``shared``: every case in this process (idle threads waiting passively, unless ``spin_wait``),
   the cases of a workload in turns when :func:`run_cases` is asked to.
 """
+# Long because: the one measure-and-report loop, in process and in isolated workers.
 from __future__ import annotations
 
 import math

@@ -39,6 +39,7 @@ output block is its consumer's input block. A grouped conv whose channels per gr
 does not divide uses the largest common block (and its input is re-blocked); see
 :mod:`topi_bn.layouts` for channels the lanes do not divide.
 """
+# Long because: one whole-network rewrite to NCHW[x]c; its steps share one plan.
 from __future__ import annotations
 
 import dataclasses
