@@ -11,12 +11,17 @@
 
 Each check is a function of a ``{module name: source file}`` map, and the tests at the bottom
 plant a violation in a small package of their own to show that each check can fail.
+
+One test does import: :func:`topi_bn.deploy.run_library` with TVM's runtime alone (a board),
+which is why ``deploy`` imports the compiler parts of topi-bn inside its functions.
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,6 +260,17 @@ def test_long_modules_say_why(modules):
     assert long_modules_without_reason(modules) == [], (
         f"modules over {LONG} lines need a 'Long because: ...' line at the top (first "
         f"docstring line or a comment right under the docstring), or a split")
+
+
+def test_run_library_imports_with_tvm_runtime_only():
+    """``topi-bn run``'s library runner needs no TVM compiler (``TVM_USE_RUNTIME_LIB=1``: the
+    runtime-only TVM of a board), so its module imports none of topi-bn's compiler parts."""
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    code = ("import tvm.base; assert tvm.base._RUNTIME_ONLY\n"
+            "from topi_bn.deploy import run_library\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # -- the checks can fail ----------------------------------------------------------------------

@@ -26,9 +26,10 @@ import struct
 import tempfile
 import warnings
 from typing import Any, Callable, Sequence
-from .build import build_with_report, shipped_log_dir
+
+# .build and .relax (TVM's compiler) are imported where a model is loaded or built, so that
+# run_library works with TVM's runtime alone (on a board)
 from .dtypes import check_dtype
-from .relax import from_exported_program, from_onnx
 from .rpc import cross_compiler_for
 from .targets import resolve_target, tuning_log_key
 
@@ -57,8 +58,9 @@ def load_model(path: str, arg: str = "model"):
     no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
     suffix or a file the reader cannot parse.
     """
-    suffix = model_format(path, arg)
+    from .relax import from_exported_program, from_onnx  # the compiler: see the imports
 
+    suffix = model_format(path, arg)
     if suffix == ".onnx":
         import onnx
 
@@ -139,6 +141,8 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     topi_bn.build.BuildReport
     """
     from tvm.support import cc
+
+    from .build import build_with_report, shipped_log_dir  # the compiler: see the imports
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)

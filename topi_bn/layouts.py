@@ -23,19 +23,23 @@ shapes stay exact; the only MobileNetV2/ResNet-50 tensors concerned are MobileNe
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from .checks import shape_of
-from .compute.conv2d_winograd_nchwc import winograd_matrices
 from .targets import vector_lanes
 
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
-    "unpack_winograd_weight",
+    "unpack_winograd_weight", "winograd_matrices", "TILES",
 ]
+
+#: Winograd output tiles m of F(m x m, 3 x 3) (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
+TILES = (2, 4)
 
 
 # -- block sizes ----------------------------------------------------------------------------------
@@ -191,6 +195,22 @@ def weight_index_map(cb: int, kb: int):
     _check_block("cb", cb)
     _check_block("kb", kb)
     return lambda k, c, h, w: (k // kb, c // cb, h, w, c % cb, k % kb)
+
+
+@functools.lru_cache(maxsize=None)
+def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(A, B, G)`` of :math:`F(m \\times m, 3 \\times 3)`, float64, shapes (alpha, m),
+    (alpha, alpha) and (alpha, 3): TVM's Cook-Toom construction
+    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points; read-only."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    if tile not in TILES:
+        raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
+    mats = [np.array(x, np.float64) for x in
+            _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)]
+    for x in mats:  # cached: shared by every caller
+        x.setflags(write=False)
+    return tuple(mats)
 
 
 def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
