@@ -475,7 +475,6 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     os.makedirs(log_dir, exist_ok=True)
 
     # what is left to do
-
     manifest = read_manifest(log_dir)
     # the same kernel under another name (a layer two networks share) is tuned once: the
     # records apply by the PrimFunc, whatever the workload is called

@@ -40,6 +40,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
+
 from .targets import resolve_target, tuning_log_key
 
 __all__ = [

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from . import compute, reference
 from .checks import conv_geometry, conv_geometry_nchwc
 from .layouts import ChannelBlocking, pack_winograd_weight

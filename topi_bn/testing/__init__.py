@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
 from topi_bn.relax import pipeline
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import has_topi_bn_blocks

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+
 from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
 from topi_bn.targets import resolve_target
 from topi_bn.tuning import workload_prim_func

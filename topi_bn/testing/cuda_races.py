@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
+
 from topi_bn.targets import resolve_target
 
 __all__ = ["Race", "find_races", "kernel_races", "lowered_kernels"]
