@@ -30,12 +30,15 @@ Knobs live in one dataclass per op; their defaults are read from the target
 A fused elementwise consumer of the op's output (e.g. a ReLU that FuseTIR put into the same
 PrimFunc) is inlined into the epilogue where :meth:`Schedule.reverse_compute_inline` allows it.
 """
+# Long because: the CUDA rules share target limits, statistics helpers, verification.
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import tvm
 from tvm.target import Target
+
+from topi_bn.targets import resolve_target
 
 from .common import ScheduleRule, block_rule, inline_consumers, op_blocks, stats_blocks
 from .helpers import channel_position, extent, knob, loops_under, tile
@@ -107,8 +110,6 @@ def verify_gpu(mod: tvm.IRModule | tvm.tirx.PrimFunc, target) -> bool:
     """TVM's GPU code verification (``tvm.s_tir.analysis.verify_gpu_code``) of every PrimFunc
     in ``mod`` after the device lowering passes: threads per block, shared memory per block,
     vector width, against the limits of ``target``."""
-    from topi_bn.targets import resolve_target
-
     target = resolve_target(target)
     if isinstance(mod, tvm.tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})

@@ -17,7 +17,7 @@ Every entry point goes through :func:`schedule_function` (one function, topi-bn 
 :func:`apply_default_schedules` (a module, untuned; it calls :func:`schedule_function`):
 
 - ``topi_bn.build`` and the Relax pipeline (``ApplyDefaultSchedules`` and
-  ``ScheduleCpuGraphOps`` in :mod:`topi_bn.relax.modes`), legalization with a current target
+  ``ScheduleCpuGraphOps`` in :mod:`topi_bn.relax.lowering`), legalization with a current target
   (:func:`topi_bn.relax.registration.schedule_primfunc`), the benchmarks
   (:mod:`topi_bn.bench.ops`): :func:`apply_default_schedules`;
 - ``topi-bn tune``: :func:`template_space` (``tunable=True``) and the default record

@@ -176,13 +176,13 @@ def test_cli_verify_prints_a_line_per_workload(tmp_path, capsys):
 
 def test_tuner_candidates_are_measured_with_int32_indices(monkeypatch):
     """The builder compiles candidates as the build does (NarrowKernelIndices): int32 loops."""
-    from topi_bn.relax import modes
+    from topi_bn.relax import lowering
     from topi_bn.tuning import build_candidate
 
     func, mod = _func_and_mod()
     narrowed = []
-    real = modes.narrow_indices
-    monkeypatch.setattr(modes, "narrow_indices", lambda f: narrowed.append(f) or real(f))
+    real = lowering.narrow_indices
+    monkeypatch.setattr(lowering, "narrow_indices", lambda f: narrowed.append(f) or real(f))
     build_candidate(mod, tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
     assert len(narrowed) == 1
     # Relax emits int64 shapes and loops; the narrowed kernel has none left

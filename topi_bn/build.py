@@ -28,6 +28,8 @@ from .relax import modes
 from .relax.bfloat16 import to_bfloat16
 from .relax.modes import BN_MODES
 from .relax.params import check_params
+from .schedules import apply_default_schedules
+from .schedules.common import has_topi_bn_blocks
 from .targets import resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
@@ -78,8 +80,6 @@ def _reporting_database(inner, target):
     """Wrap ``inner`` so that a query for a topi-bn PrimFunc with no record is logged."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.database import PyDatabase
-
-    from .schedules.common import has_topi_bn_blocks
 
     @derived_object
     class ReportingDatabase(PyDatabase):
@@ -308,8 +308,6 @@ def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModul
 
 def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
-    from .schedules import apply_default_schedules
 
     mod = _normalize_mod(func)
     sch = db.query_schedule(mod, target, "main")

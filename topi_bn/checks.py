@@ -12,6 +12,7 @@ Errors are one line that starts with the argument's name and says what was expec
 ``TypeError`` for an argument of the wrong type or dtype, ``ValueError`` for a wrong value or
 shape.
 """
+# Long because: some forty small argument checks that every compute and reference imports.
 from __future__ import annotations
 
 import math

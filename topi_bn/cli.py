@@ -16,7 +16,13 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from .checks import one_line
+from .build import BF16_MODES, BN_MODES, DTYPES
+from .checks import check_writable_dir, one_line
+from .deploy import compile_model, library_compiler, model_format, run_library
+from .rpc import parse_tracker
+from .targets import host_can_run, resolve_target, tuning_log_key
+from .tuning import select_workloads, SPACES, tune, TuneConfig
+from .tuning_verify import verify_log
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
@@ -33,8 +39,6 @@ def _positive_int(text: str) -> int:
 
 # -- tune -------------------------------------------------------------------------------------------
 def _tune_arguments(p: argparse.ArgumentParser) -> None:
-    from .tuning import SPACES
-
     p.add_argument("--target", default="x86",
                    help="topi-bn target name (x86, x86-avx512, x86-avx2, arm, cuda, ...) or TVM "
                         "tag (default: x86, this machine)")
@@ -69,9 +73,6 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
 
 def _tune_check(args, fail: Callable[[str], None]):
     """Validate what argparse cannot, before any tuning starts."""
-    from .targets import resolve_target, tuning_log_key
-    from .tuning import select_workloads
-
     try:
         target = resolve_target(args.target, arg_name="--target")
         select_workloads(args.workloads, target)
@@ -80,8 +81,6 @@ def _tune_check(args, fail: Callable[[str], None]):
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         fail("--rpc-tracker and --rpc-key go together")
     if args.rpc_tracker is not None:
-        from .rpc import parse_tracker
-
         try:
             parse_tracker(args.rpc_tracker)
         except ValueError as err:
@@ -89,8 +88,6 @@ def _tune_check(args, fail: Callable[[str], None]):
     if args.verify and args.rpc_tracker is not None:
         fail("--verify measures on this machine; it does not take --rpc-tracker")
     if args.rpc_tracker is None:  # candidates are measured on this machine
-        from .targets import host_can_run
-
         ok, why = host_can_run(target)
         if not ok:
             fail(f"--target: cannot measure {args.target!r} on this machine ({why}); tune it on "
@@ -105,8 +102,6 @@ def _tune_check(args, fail: Callable[[str], None]):
 
 def _check_dir(option: str, path: str, fail: Callable[[str], None]) -> None:
     """``fail`` unless ``path`` is a directory we can write or create (nothing is created)."""
-    from .checks import check_writable_dir
-
     try:
         check_writable_dir(option, path)
     except (ValueError, TypeError) as err:
@@ -114,8 +109,6 @@ def _check_dir(option: str, path: str, fail: Callable[[str], None]) -> None:
 
 
 def _tune_run(args) -> int:
-    from .tuning import TuneConfig, tune
-
     if args.verify:
         return _verify_run(args, args.workloads)
     results = tune(args.target, args.workloads, args.trials, args.log_dir, args.space, args.dtype,
@@ -137,8 +130,6 @@ def _tune_run(args) -> int:
 
 
 def _verify_run(args, workloads) -> int:
-    from .tuning_verify import verify_log
-
     results = verify_log(args.target, workloads, args.log_dir, args.dtype, progress=sys.stdout)
     timed = [r for r in results if r.record_us is not None]
     pruned = [r for r in timed if r.status == "pruned"]
@@ -148,27 +139,25 @@ def _verify_run(args, workloads) -> int:
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
-    from . import bench
+    from . import bench  # lazily: the benchmark modules are not needed to start the CLI
 
     bench.add_bench_arguments(p)
 
 
 def _bench_run(args: argparse.Namespace) -> int:
-    from . import bench
+    from . import bench  # lazily: the benchmark modules are not needed to start the CLI
 
     return bench.run_bench(args)
 
 
 def _bench_check(args: argparse.Namespace, error: Callable[[str], object]) -> None:
-    from . import bench
+    from . import bench  # lazily: the benchmark modules are not needed to start the CLI
 
     bench.check_bench_args(args, error)
 
 
 # -- compile / run ------------------------------------------------------------------------------
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
-    from .build import BN_MODES, DTYPES
-
     p.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx) or a torch.export.save "
                                                   "program (.pt2)")
     p.add_argument("-o", "--output", required=True, metavar="LIB",
@@ -193,10 +182,6 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_check(args, fail: Callable[[str], None]) -> None:
-    from .build import BF16_MODES
-    from .deploy import model_format, library_compiler
-    from .targets import resolve_target
-
     if args.dtype == "bfloat16" and args.bn not in BF16_MODES:
         fail(f"--dtype: bfloat16 builds need --bn fused or folded, got --bn {args.bn}")
 
@@ -214,8 +199,6 @@ def _compile_check(args, fail: Callable[[str], None]) -> None:
 
 
 def _compile_run(args) -> int:
-    from .deploy import compile_model
-
     report = compile_model(args.model, args.output, args.target, args.bn, args.tuning_logs,
                            shipped=not args.no_shipped_logs,
                            progress=lambda line: print(line, file=sys.stderr, flush=True),
@@ -239,8 +222,6 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_run(args) -> int:
     import numpy as np
-
-    from .deploy import run_library
 
     outs = run_library(args.library, args.input)
     for i, o in enumerate(outs):

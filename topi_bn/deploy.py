@@ -27,6 +27,12 @@ import tempfile
 import warnings
 from typing import Any, Callable, Sequence
 
+# .build and .relax (TVM's compiler) are imported where a model is loaded or built, so that
+# run_library works with TVM's runtime alone (on a board)
+from .dtypes import check_dtype
+from .rpc import cross_compiler_for
+from .targets import resolve_target, tuning_log_key
+
 __all__ = ["MODEL_FORMATS", "load_model", "library_compiler", "compile_model",
            "library_arch", "run_library", "model_format"]
 
@@ -52,9 +58,9 @@ def load_model(path: str, arg: str = "model"):
     no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
     suffix or a file the reader cannot parse.
     """
-    suffix = model_format(path, arg)
-    from .relax import from_exported_program, from_onnx
+    from .relax import from_exported_program, from_onnx  # the compiler: see the imports
 
+    suffix = model_format(path, arg)
     if suffix == ".onnx":
         import onnx
 
@@ -91,8 +97,6 @@ def library_compiler(target: Any, arg: str = "target") -> str | None:
     Raises ValueError, naming ``arg``, when that cross compiler is not on PATH or none is known
     for the target's architecture.
     """
-    from .rpc import cross_compiler_for
-
     try:
         compiler = cross_compiler_for(target)
     except ValueError as err:
@@ -138,9 +142,7 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     """
     from tvm.support import cc
 
-    from .build import build_with_report, shipped_log_dir
-    from .dtypes import check_dtype
-    from .targets import resolve_target, tuning_log_key
+    from .build import build_with_report, shipped_log_dir  # the compiler: see the imports
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)

@@ -23,16 +23,24 @@ shapes stay exact; the only MobileNetV2/ResNet-50 tensors concerned are MobileNe
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .checks import shape_of
+from .targets import vector_lanes
+
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
-    "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs",
+    "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs", "winograd_matrices",
+    "TILES",
 ]
+
+#: Winograd output tiles m of F(m x m, 3 x 3) (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
+TILES = (2, 4)
 
 
 # -- block sizes ----------------------------------------------------------------------------------
@@ -53,8 +61,6 @@ class ChannelBlocking:
     def for_target(cls, target: Any, factor: int = 1) -> "ChannelBlocking":
         """The blocking of a CPU ``target`` (anything :func:`topi_bn.resolve_target` takes):
         its float32 lanes, times ``factor`` (a power of two)."""
-        from .targets import vector_lanes
-
         if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1 \
                 or factor & (factor - 1):
             raise ValueError(f"factor: expected a power of two >= 1, got {factor!r}")
@@ -91,8 +97,6 @@ def _is_te(x) -> bool:
 
 
 def _shape(x) -> tuple:
-    from .checks import shape_of
-
     return shape_of(x)
 
 
@@ -223,14 +227,28 @@ def unpack_weight_pairs(w, cb: int | None = None) -> np.ndarray:
     return unpack_weight(np.ascontiguousarray(a[:, :, :, :, :cb]))
 
 
+@functools.lru_cache(maxsize=None)
+def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(A, B, G)`` of :math:`F(m \\times m, 3 \\times 3)`, float64, shapes (alpha, m),
+    (alpha, alpha) and (alpha, 3): TVM's Cook-Toom construction
+    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points; read-only."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    if tile not in TILES:
+        raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
+    mats = [np.array(x, np.float64) for x in
+            _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)]
+    for x in mats:  # cached: shared by every caller
+        x.setflags(write=False)
+    return tuple(mats)
+
+
 def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
     """OIHW 3x3 (K, C, 3, 3) -> the Winograd-transformed weight (alpha, alpha, K/kb, C/cb, cb,
     kb), alpha = ``tile + 2``: :math:`U = G w G^T` per channel pair (computed in float64, cast
     to ``w``'s dtype), blocked as the data (``cb``) and output (``kb``) channels
     (:mod:`topi_bn.compute.conv2d_winograd_nchwc`). NumPy only: the build transforms a
     constant weight once."""
-    from .compute.conv2d_winograd_nchwc import winograd_matrices
-
     k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
     if (kh, kw) != (3, 3):
         raise ValueError(f"w: expected a 3x3 kernel (K, C, 3, 3), got {(k, c, kh, kw)}")
@@ -252,8 +270,6 @@ def unpack_winograd_weight(u, tile: int) -> np.ndarray:
     whose transform is ``u`` (alpha, alpha, K/kb, C/cb, cb, kb), by least squares through G
     (:math:`w = G^+ U G^{+T}`, exact for a ``u`` that :func:`pack_winograd_weight` made, up to
     its rounding): what a float64 reference of the Winograd kernel convolves with."""
-    from .compute.conv2d_winograd_nchwc import winograd_matrices
-
     alpha = tile + 2
     a, b, ko, co, cb, kb = _check_ndim("u", u, 6, "(alpha, alpha, K/kb, C/cb, cb, kb)")
     if (a, b) != (alpha, alpha):

@@ -17,6 +17,9 @@ from .checks import (
     check_channel_vector, check_choice, check_eps, check_layer_norm, check_momentum,
     conv_geometry, conv_geometry_nchwc,
 )
+from .layouts import (
+    nchw_to_nchwc, nchwc_to_nchw, pack_weight, unpack_weight, unpack_winograd_weight,
+)
 
 __all__ = [
     "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc",
@@ -114,8 +117,6 @@ def conv2d_bn_act_nchwc(data, weight, gamma, beta, mean, var, bias=None, residua
     """The blocked-layout kernel in float64: the NCHW reference on the unblocked tensors, the
     residual added after the BN, the activation, and the result blocked again (N, K/kb, OH, OW,
     kb)."""
-    from .layouts import nchw_to_nchwc, nchwc_to_nchw, unpack_weight
-
     geo = _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual)
     y = conv2d_bn_relu(nchwc_to_nchw(_f64(data)), unpack_weight(_f64(weight)), gamma, beta, mean,
                        var, bias, strides=strides, padding=padding, dilation=dilation,
@@ -129,8 +130,6 @@ def conv2d_shift_act_nchwc(data, weight, shift, residual=None, *, strides: Any =
                            padding: Any = 0, dilation: Any = 1, groups: int = 1,
                            activation: str | None = "relu") -> np.ndarray:
     """The folded blocked-layout kernel in float64 (``weight`` carries the BN scale)."""
-    from .layouts import nchw_to_nchwc, nchwc_to_nchw, unpack_weight
-
     geo = _nchwc_geometry(data, weight, strides, padding, dilation, groups, residual)
     y = conv2d_shift_act(nchwc_to_nchw(_f64(data)), unpack_weight(_f64(weight)), shift,
                          strides=strides, padding=padding, dilation=dilation, groups=groups,
@@ -160,8 +159,6 @@ def conv2d_shift_act_winograd_nchwc(data, weight, shift, residual=None, *, tile:
 
 def _direct_weight(data, weight, tile: int) -> np.ndarray:
     """The blocked direct-conv weight (K/kb, C/cb, 3, 3, cb, kb) behind a Winograd weight."""
-    from .layouts import pack_weight, unpack_winograd_weight
-
     kb, cb = np.shape(weight)[-1], np.shape(data)[-1]
     return pack_weight(unpack_winograd_weight(weight, tile), cb, kb)
 

@@ -17,6 +17,7 @@ Every tuned workload also gets a record of its default schedule (what an untuned
 measured by the same builder and runner (:func:`default_record`): a build takes the fastest
 record, so a tuned build is never slower than the default as measured while tuning.
 """
+# Long because: the tuning loop: selection, progress, manifest, measurement, default record.
 from __future__ import annotations
 
 import logging
@@ -27,9 +28,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
-from . import workloads as _workloads
+from . import rpc, workloads as _workloads
 from .checks import check_choice, check_writable_dir, describe
-from .targets import check_host_can_run, resolve_target, tuning_log_key, with_gpu_limits
+from .relax import lowering
+from .rpc import parse_tracker
+from .schedules import schedule_function, strip_rules, template_space
+from .schedules.rules import rules_for
+from .targets import (
+    check_host_can_run, resolve_target, target_family, tuning_log_key, vector_lanes,
+    with_gpu_limits,
+)
+from .tuning_db import merge_records, read_manifest
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
            "select_workloads", "build_visible_mod", "default_record", "progress_stream"]
@@ -201,8 +210,6 @@ def select_workloads(spec, target=None) -> list:
 def _blocked_for(group: str, target) -> list:
     """The blocked-layout workloads that go with ``group`` on CPU ``target`` (none for other
     groups and targets)."""
-    from .targets import target_family, vector_lanes
-
     networks = _workloads.NETWORKS if group == "all" else (group,)
     if target is None or not set(networks) <= set(_workloads.NETWORKS):
         return []
@@ -332,12 +339,10 @@ def build_candidate(mod, target, _params=None):
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from .relax.modes import narrow_indices
-
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # int32 indices, as the build compiles the kernel (64-bit index arithmetic made some
     # kernels 2x slower: candidates measured with it were ranked for code no build runs)
-    mod.update_func(mod.get_global_var("main"), narrow_indices(mod["main"]))
+    mod.update_func(mod.get_global_var("main"), lowering.narrow_indices(mod["main"]))
     return tvm_build(mod, target=target)
 
 
@@ -356,11 +361,6 @@ def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key
     if not rpc_tracker or not rpc_key:
         raise ValueError("rpc_tracker and rpc_key: give both (HOST:PORT and the device key) or "
                          "neither")
-    try:
-        from . import rpc  # written on the ARM branch
-    except ImportError:
-        raise ValueError("rpc_tracker: this topi-bn has no topi_bn.rpc module; RPC tuning is not "
-                         "available") from None
     return rpc.make_cross_builder(target), rpc.make_rpc_runner(rpc_tracker, rpc_key)
 
 
@@ -381,8 +381,6 @@ def default_record(mod, target, builder, runner):
     import tvm
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.utils import remove_build_dir
-
-    from .schedules import schedule_function
 
     sch = tvm.s_tir.Schedule(mod)
     if not schedule_function(sch, target, tunable=False):
@@ -448,16 +446,12 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from .schedules import strip_rules, template_space
-
     progress = progress_stream(progress)
     # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
     tgt = with_gpu_limits(resolve_target(target))
     if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute
         check_host_can_run(tgt, "target")
     else:
-        from .rpc import parse_tracker
-
         parse_tracker(rpc_tracker)
     chosen = select_workloads(workloads, tgt)
     trials = _check_trials(trials)
@@ -472,8 +466,6 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     cores = config.num_cores or int(tgt.attrs.get("num-cores", 0) or os.cpu_count() or 1)
     per_iter = config.trials_per_iter or min(trials, 16)
     if space == "template":
-        from .schedules.rules import rules_for
-
         try:
             rules_for(tgt)
         except (NotImplementedError, ImportError) as err:
@@ -483,8 +475,6 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     os.makedirs(log_dir, exist_ok=True)
 
     # what is left to do
-    from .tuning_db import merge_records, read_manifest
-
     manifest = read_manifest(log_dir)
     # the same kernel under another name (a layer two networks share) is tuned once: the
     # records apply by the PrimFunc, whatever the workload is called

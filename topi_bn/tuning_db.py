@@ -41,6 +41,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from .targets import resolve_target, tuning_log_key
+
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
     "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
@@ -92,8 +94,6 @@ def _warn(msg: str) -> None:
 
 
 def _target_key(target) -> tuple[str, str] | None:
-    from .targets import tuning_log_key
-
     try:
         return (target.kind.name, tuning_log_key(target))
     except Exception:  # a target topi-bn has no log key for
@@ -219,8 +219,6 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
     -------
     LoadedLogs
     """
-    from .targets import resolve_target, tuning_log_key
-
     t = resolve_target(target)
     key = (_files_state(log_dirs), t.kind.name, tuning_log_key(t))
     if key in _CACHE:

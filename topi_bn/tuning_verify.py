@@ -18,16 +18,20 @@ board through RPC); ``topi-bn tune --verify`` runs it alone on an existing log.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
+from .build import build, schedule_prim_func
 from .checks import check_choice
 from .targets import check_host_can_run, resolve_target, tuning_log_key
 from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
                      workload_prim_func)
+from .tuning_db import drop_records, load_logs, run_time
+from .turns import in_turns
 
 __all__ = ["VerifyResult", "verify_log", "interleaved_us"]
 
@@ -57,8 +61,9 @@ class VerifyResult:
 def interleaved_us(mods: Sequence, args: Sequence, rounds: int = 7, dev=None,
                    min_ms: float = 20.0, flush_caches: bool = True) -> list[float]:
     """Median microseconds per call of ``main`` of each compiled module in ``mods``, timed in
-    turns: round r times every module once (``time_evaluator`` with enough calls to last
-    ``min_ms``), so load changes during the run hit every module alike.
+    turns (:func:`topi_bn.turns.in_turns`): round r times every module once
+    (``time_evaluator`` with enough calls to last ``min_ms``), so load changes during the run
+    hit every module alike.
 
     With ``flush_caches`` the CPU caches are flushed before every call, except of the first
     argument (the kernel's data input): as inside a network run, where the input comes warm
@@ -78,11 +83,14 @@ def interleaved_us(mods: Sequence, args: Sequence, rounds: int = 7, dev=None,
                                                f_preproc=flush))
         else:
             evaluators.append(m.time_evaluator("main", dev, number=calls, repeat=1))
-    times = [[] for _ in mods]
-    for _ in range(rounds):
-        for ev, t in zip(evaluators, times):
-            t.append(float(np.median(ev(*args).results)))
-    return [float(np.median(t)) * 1e6 for t in times]
+    times = in_turns({i: functools.partial(_median_s, ev, args)
+                      for i, ev in enumerate(evaluators)}, rounds)
+    return [float(np.median(times[i])) * 1e6 for i in range(len(mods))]
+
+
+def _median_s(evaluator, args) -> float:
+    """Median seconds per call of one ``time_evaluator`` run (one turn)."""
+    return float(np.median(evaluator(*args).results))
 
 
 def _arguments(workload, func, dtype: str) -> list:
@@ -97,8 +105,6 @@ def _arguments(workload, func, dtype: str) -> list:
 
 def _records(log_dir: str, mod, target) -> list:
     """The log's records of ``mod`` that apply to ``target``, fastest first."""
-    from .tuning_db import load_logs
-
     db = load_logs([log_dir], target).database
     if not db.has_workload(mod):
         return []
@@ -123,9 +129,6 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
 
     ``measure(mods, args)`` returns microseconds per call of each compiled module; default
     :func:`interleaved_us` with ``rounds``. ``target`` is a resolved ``tvm.target.Target``."""
-    from .build import build, schedule_prim_func
-    from .tuning_db import drop_records, run_time
-
     func = workload_prim_func(workload, dtype, target)
     mod = build_visible_mod(func)
     records = _records(log_dir, mod, target)

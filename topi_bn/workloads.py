@@ -34,12 +34,20 @@ A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeho
 :meth:`Workload.compute` calls the topi-bn compute on them, :meth:`Workload.random_inputs`
 makes NumPy inputs and :meth:`Workload.reference` answers in float64.
 """
+# Long because: the registry names every network layer's shape and its twins once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from . import compute, reference
+from .checks import conv_geometry, conv_geometry_nchwc
+from .layouts import ChannelBlocking, pack_winograd_weight
+from .relax.blocked import winograd_tile, winograd_tiles
+from .schedules.cpu_conv_winograd import winograd_tile_block
+from .targets import resolve_target
 
 __all__ = ["Workload", "get", "list_workloads", "groups", "describe_groups", "blocked_groups",
            "OPS", "CONV_OPS",
@@ -115,8 +123,6 @@ class Workload:
 
     def _winograd_weight(self, rng) -> np.ndarray:
         """The transform of a random 3x3 weight (a Winograd weight is one)."""
-        from .layouts import pack_winograd_weight
-
         _, _, ko, co, cb, kb = self.shapes["weight"]
         w = rng.standard_normal((ko * kb, co * cb, 3, 3)) / np.sqrt(9 * co * cb)
         return pack_winograd_weight(w, self.params["tile"], cb, kb)
@@ -125,15 +131,11 @@ class Workload:
     def compute(self, *args):
         """The topi-bn TE compute on ``args`` (placeholders in ``shapes`` order); a list of
         output tensors."""
-        from . import compute
-
         pos, kw = self._split_args(args)
         outs = getattr(compute, self.op)(*pos, **kw, **self.params)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
     def reference(self, *arrays) -> list[np.ndarray]:
-        from . import reference
-
         pos, kw = self._split_args(arrays)
         outs = getattr(reference, self.op)(*pos, **kw, **self.params)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -163,8 +165,6 @@ class Workload:
 
     def geometry(self):
         """The :class:`~topi_bn.checks.ConvGeometry` of a conv workload."""
-        from .checks import conv_geometry, conv_geometry_nchwc
-
         weight = self.shapes["weight"]
         if self.op in WINOGRAD_OPS:  # a 3x3 "same" conv: the direct weight's shape
             _, _, ko, co, cb, kb = weight
@@ -312,8 +312,6 @@ def _conv_nchwc(base: Workload, block: int, residual: bool = False, activation: 
     target's lanes): NCHW[cb]c data, OIHW[cb]i[kb]o weight, optionally a residual added before
     ``activation`` (default: ``base``'s), ``folded`` for the ``conv2d_shift_act_nchwc``
     kernel."""
-    from .layouts import ChannelBlocking
-
     n, c, h, w = base.shapes["data"]
     k, cg, kh, kw = base.shapes["weight"]
     groups = base.params.get("groups", 1)
@@ -343,10 +341,6 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
     NCHW layer ``base``, when the graph pass's rule gives it one
     (:func:`topi_bn.relax.blocked.winograd_tile`), else None: its weight is the transformed
     one, and its register tile is sized for the block's target (:data:`BLOCK_TARGETS`)."""
-    from .relax.blocked import winograd_tile, winograd_tiles
-    from .schedules.cpu_conv_winograd import winograd_tile_block
-    from .targets import resolve_target
-
     p = base.params
     tile = winograd_tile(base.shapes["data"], base.shapes["weight"], "float32",
                          p.get("strides", 1), p.get("padding", 0), p.get("dilation", 1),

@@ -25,13 +25,15 @@ from typing import Any, Callable, Sequence
 
 from .. import workloads as W
 from ..checks import check_writable_dir
+from ..dtypes import DTYPES as CPU_DTYPES
+from ..targets import resolve_target, target_family
 from . import gpu, ops
 from .networks import bench_networks, network_names, select_networks
+from .plots import write_plot, write_summary_plot
 from .report import machine_info, results_markdown, to_json, format_table
 from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
 from .threads import THREADS_POLICIES, reexec_with_thread_env, set_threads
 from .timing import bandwidth_ceiling, fma_ceiling
-from ..dtypes import DTYPES as CPU_DTYPES
 
 __all__ = ["add_bench_parser", "add_bench_arguments", "check_bench_args", "run_bench",
            "run_gpu_bench", "main", "is_gpu_target"]
@@ -99,8 +101,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def is_gpu_target(target) -> bool:
     """Whether ``target`` selects the GPU benchmark."""
-    from ..targets import resolve_target, target_family
-
     return target_family(resolve_target(target, "--target")) == "cuda"
 
 
@@ -192,8 +192,6 @@ def _write_outputs(out: str, ops_results: Sequence[Result], net_results: Sequenc
                    title: str) -> None:
     """results.json, speedups.png, summary.png and results.md under ``out``; prints the
     summary. Raises ``OSError`` when ``out`` cannot be written."""
-    from .plots import write_plot, write_summary_plot
-
     os.makedirs(out, exist_ok=True)
     every = list(ops_results) + list(net_results)
     _safe_write(os.path.join(out, "results.json"),

@@ -59,6 +59,7 @@ the machine between two timings. Either way those pairs' times are in ``extra["i
 (:func:`pair_turns` fills them from the rows under the isolated policy, where all rows of a
 network were timed in turns).
 """
+# Long because: one class per network implementation, on shared imports and checks.
 from __future__ import annotations
 
 import functools
@@ -71,6 +72,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..build import build
+from ..relax import apply_bn_mode, from_exported_program, from_onnx
+from ..testing import models, TOLERANCES
+from ..testing.models import randomize_bn
 from . import peers
 from .ops import tvm_vm
 from .runner import (
@@ -111,10 +116,6 @@ class Network:
 def default_networks() -> list[Network]:
     """ResNet-18, ResNet-50 and MobileNetV2 of :mod:`topi_bn.testing.models`: 224x224,
     batch 1, 1000 classes."""
-    try:
-        from ..testing import models
-    except ImportError as err:
-        raise Unavailable(f"topi_bn.testing.models cannot be imported ({err})") from None
     slow = frozenset({"topi-bn unpacked (torch.export)"})
     return [Network("resnet18", functools.partial(models.resnet18, num_classes=1000)),
             Network("resnet50", functools.partial(models.resnet50, num_classes=1000),
@@ -134,7 +135,6 @@ def _tiny_model():
     model = nn.Sequential(*cbr(3, 8, 3, 2), *cbr(8, 8, 3, 1, groups=8, act=nn.ReLU6),
                           *cbr(8, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(16, 10))
-    from ..testing.models import randomize_bn
 
     return randomize_bn(model)  # non-trivial BN statistics, so folding and fusing are tested
 
@@ -185,7 +185,6 @@ class NetContext:
 
 def _import_export(ctx: NetContext):
     torch = peers.require_torch()
-    from ..relax import from_exported_program
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -195,8 +194,6 @@ def _import_export(ctx: NetContext):
 
 def _import_onnx(ctx: NetContext):
     import onnx
-
-    from ..relax import from_onnx
 
     return from_onnx(onnx.load_from_string(ctx.onnx_bytes()))
 
@@ -339,9 +336,6 @@ class TopiBnBuild(NetworkImpl):
         self.runtime = "tvm"
 
     def prepare(self, ctx):
-        from ..build import build
-        from ..relax import apply_bn_mode
-
         t0 = time.perf_counter()
         mod = ctx.cached(f"import:{self.path}", lambda: IMPORT_PATHS[self.path](ctx))
         import_s = time.perf_counter() - t0
@@ -583,8 +577,6 @@ def check_network_output(out: np.ndarray, ref: np.ndarray, rtol: float = 1e-3,
     the precision an implementation ran in when not float32 (OpenVINO's default, bf16 on some
     CPUs): ``rtol`` is then that type's (:data:`topi_bn.testing.TOLERANCES`)."""
     if dtype not in (None, "float32"):
-        from ..testing import TOLERANCES
-
         rtol = max(rtol, TOLERANCES[dtype][1])
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     if out.shape != ref.shape:

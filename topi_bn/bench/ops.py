@@ -59,9 +59,9 @@ mostly the schedule, and the batch-norm and layer_norm ones the kernel itself.
 An implementation is a small :class:`OpImpl` subclass (name, kind, the ops it serves, and
 ``prepare``); see the package docstring for how to add one.
 """
+# Long because: one class per op implementation, on shared inputs and checks.
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -70,6 +70,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import workloads as W
+from ..build import build, schedule_prim_func
+from ..dtypes import round_to_bfloat16
+from ..layouts import (
+    ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_winograd_weight,
+)
+from ..relax import tvm_lowering
+from ..schedules import apply_default_schedules
+from ..targets import resolve_target, target_family
+from ..testing import error_to_range, TOLERANCES
+from ..tuning import workload_prim_func
 from . import peers
 from .families import OP_FAMILIES
 from .runner import (
@@ -195,16 +205,12 @@ def kernel_prim_func(wl: W.Workload, target, dtype: str = "float32"):
     """The workload's PrimFunc as a Relax build emits it, which is what tuning records are
     keyed by (:func:`topi_bn.tuning.workload_prim_func`). Tuned and untuned builds start from
     the same function."""
-    from ..tuning import workload_prim_func
-
     return workload_prim_func(wl, dtype=dtype, target=target)
 
 
 def build_kernel(wl: W.Workload, target, tuning_logs="shipped", dtype: str = "float32"):
     """``(lib, note)``: ``topi_bn.build`` of the workload's kernel with ``tuning_logs``, and
     whether a tuning record (``"tuned record"``) or the default schedule made it."""
-    from ..build import build, schedule_prim_func
-
     func = kernel_prim_func(wl, target, dtype)
     lib = build(func, target, tuning_logs=tuning_logs)
     _, had_record = schedule_prim_func(func, target, tuning_logs=tuning_logs)
@@ -232,8 +238,6 @@ class TopiBnUntuned(OpImpl):
         import tvm
         from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
-        from ..schedules import apply_default_schedules
-
         # the one-function module MetaSchedule (and topi_bn.build) makes of a PrimFunc
         mod = _normalize_mod(kernel_prim_func(wl, ctx.target))
         lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
@@ -257,10 +261,6 @@ def relax_module(wl: W.Workload, dtype: str = "float32"):
 
 def _tvm_lowering():
     """TVM's own lowering of batch_norm/layer_norm, whatever topi-bn registered."""
-    try:
-        from ..relax import tvm_lowering
-    except ImportError:  # no Relax registration in this checkout: TVM's lowering is in effect
-        return contextlib.nullcontext()
     return tvm_lowering()
 
 
@@ -322,9 +322,6 @@ class TopiBnBlocked(OpImpl):
 
     runtime = "tvm"
     def prepare(self, wl, ctx):
-        from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight
-        from ..targets import target_family
-
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the blocked-layout kernel is CPU-only")
         block = ChannelBlocking.for_target(ctx.target).lanes
@@ -369,9 +366,6 @@ class TopiBnWinograd(OpImpl):
 
     runtime = "tvm"
     def prepare(self, wl, ctx):
-        from ..layouts import ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_winograd_weight
-        from ..targets import target_family
-
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the blocked-layout kernel is CPU-only")
         block = ChannelBlocking.for_target(ctx.target).lanes
@@ -493,7 +487,6 @@ def _bf16_twin(wl: W.Workload, target) -> W.Workload:
     (training batch-norm, layer_norm)."""
     if wl.op != "conv2d_bn_relu":
         return wl
-    from ..layouts import ChannelBlocking
 
     block = ChannelBlocking.for_target(target).lanes
     group = f"{wl.name.split('.')[0]}-nchw{block}c-winograd"
@@ -516,11 +509,6 @@ class TopiBnBf16(OpImpl):
 
     def prepare(self, wl, ctx):
         import tvm
-
-        from ..build import build, schedule_prim_func
-        from ..dtypes import round_to_bfloat16
-        from ..layouts import nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_winograd_weight
-        from ..targets import target_family
 
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the bf16 build is measured on CPUs here")
@@ -616,8 +604,6 @@ def prepare(impl_name: str, wl: W.Workload, target, threads: int,
     :class:`Unavailable` when it cannot run here."""
     import time
 
-    from ..targets import resolve_target
-
     impl = _impl(impl_name)
     if not impl.applies(wl):
         raise Unavailable(f"{impl_name} does not implement {wl.op}")
@@ -638,8 +624,6 @@ def check_output(wl: W.Workload, out: np.ndarray, ref: np.ndarray,
     the square root of its reduction length; for ``bfloat16``, :data:`BF16_CHECK_TOLERANCE`
     of the output's largest magnitude.
     """
-    from ..testing import TOLERANCES, error_to_range
-
     if dtype == "bfloat16":
         if np.shape(out) != ref.shape:
             return f"shape {np.shape(out)} != {ref.shape}"

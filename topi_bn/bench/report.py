@@ -4,6 +4,7 @@ tables and the text of ``results.md``. Plots are in :mod:`topi_bn.bench.plots`.
 Everything here reads :class:`~topi_bn.bench.runner.Result` lists only (op, network and GPU
 results alike); the implementations' order is the order in which they appear in the results.
 """
+# Long because: every output format of a run (JSON, Markdown, summaries) in one place.
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +15,7 @@ import subprocess
 from dataclasses import asdict
 from typing import Any, Sequence
 
+from ..targets import resolve_target, target_family
 from .runner import BENCH_PROCESS, BenchConfig, Result, geomean
 from .threads import host_threads, user_thread_env
 from .timing import Timing
@@ -30,8 +32,6 @@ def machine_info(threads: int | None = None, target: Any = "x86") -> dict:
     """CPU model (``/proc/cpuinfo``), LLVM CPU, TVM version, threads, load, peers' versions
     and, for a CUDA target, the GPU: what a table needs to say where it was measured."""
     import tvm
-
-    from ..targets import resolve_target, target_family
 
     model = platform.processor() or "unknown"
     with contextlib.suppress(OSError):

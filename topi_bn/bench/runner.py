@@ -21,6 +21,7 @@ Where a case is timed depends on the run's thread policy (:attr:`BenchConfig.thr
 - ``shared``: every case in this process (idle threads waiting passively, unless ``spin_wait``),
   the cases of a workload in turns when :func:`run_cases` is asked to.
 """
+# Long because: the one measure-and-report loop, in process and in isolated workers.
 from __future__ import annotations
 
 import math
@@ -33,6 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .. import checks
+from ..targets import check_host_can_run, resolve_target, target_family
 from .isolation import WorkerPool
 from .threads import check_threads_policy, host_threads
 from .timing import Timing, time_callable, time_in_turns, warm_up
@@ -624,8 +626,6 @@ def resolve_bench_target(target, threads: int = 1, arg_name: str = "target"):
     Raises ``ValueError`` naming ``arg_name``.
     """
     import tvm
-
-    from ..targets import check_host_can_run, resolve_target, target_family
 
     generic_cuda = target == "cuda"
     t = resolve_target(target, arg_name)

@@ -15,6 +15,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..schedules.helpers import cpu_params
+from ..targets import host_x86_target_dict, resolve_target
+from ..turns import in_turns
+
 __all__ = ["Timing", "time_callable", "time_in_turns", "warm_up", "rounds_number",
            "bandwidth_ceiling", "fma_ceiling"]
 
@@ -81,23 +85,26 @@ def time_callable(fn: Callable[[], Any], rounds: int = 7, min_round_ms: float = 
 
 def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
                   min_round_ms: float = 25.0, warmup: int = 2) -> dict[str, Timing]:
-    """Time several callables in turns: each is warmed up and gets its ``number`` as in
-    :func:`time_callable`, then each round times every one of ``fns`` once, one after the
-    other, so that a slow spell of the machine falls on all of them alike. For comparing
-    implementations whose difference is smaller than the drift between two timings taken
-    minutes apart (whole networks on a shared VM)."""
+    """Time several callables in turns (:func:`topi_bn.turns.in_turns`): each is warmed up and
+    gets its ``number`` as in :func:`time_callable`, then each round times every one of ``fns``
+    once, one after the other, so that a slow spell of the machine falls on all of them alike.
+    For comparing implementations whose difference is smaller than the drift between two
+    timings taken minutes apart (whole networks on a shared VM)."""
     if rounds < 1:
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup: expected >= 0, got {warmup}")
     numbers = {name: warm_up(fn, warmup, min_round_ms) for name, fn in fns.items()}
-    data: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+
+    def turn(fn: Callable[[], Any], number: int) -> Callable[[], float]:
+        def once() -> float:  # per-call seconds of one round of ``number`` calls
             t0 = time.perf_counter()
-            for _ in range(numbers[name]):
+            for _ in range(number):
                 fn()
-            data[name].append((time.perf_counter() - t0) / numbers[name])
+            return (time.perf_counter() - t0) / number
+        return once
+
+    data = in_turns({name: turn(fn, numbers[name]) for name, fn in fns.items()}, rounds)
     return {name: Timing(data[name], numbers[name]) for name in fns}
 
 
@@ -126,8 +133,6 @@ def bandwidth_ceiling(megabytes: int = 256, rounds: int = 5, threads: int | None
     """
     import tvm
     from tvm import te
-
-    from ..targets import host_x86_target_dict
 
     if megabytes < 1:
         raise ValueError(f"megabytes: expected >= 1, got {megabytes}")
@@ -174,9 +179,6 @@ def fma_ceiling(target=None, rounds: int = 5, steps: int = 1_000_000) -> dict:
     loaded or stored in the loop. Returns ``{"fma_gflops", "fma_how"}``."""
     import tvm
     from tvm.script import tirx as T
-
-    from ..schedules.helpers import cpu_params
-    from ..targets import host_x86_target_dict, resolve_target
 
     target = resolve_target(target if target is not None else dict(host_x86_target_dict()))
     p = cpu_params(target)

@@ -37,10 +37,8 @@ register tile of the products.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import numpy as np
 import tvm
 from tvm import te
 
@@ -50,31 +48,15 @@ from ..checks import (
     ShapeOnly, cast as _cast, check_eps, check_float, check_rank, check_te_tensors,
     conv_geometry_nchwc,
 )
+from ..layouts import TILES, winograd_matrices  # the transform matrices, shared with the weights
 
 RULE = "topi_bn.conv2d_winograd_nchwc"
-TILES = (2, 4)
 #: data dtypes: bfloat16 data is widened to float32 as it is read (the transforms, products
 #: and epilogue run in float32 on a float32 transformed weight) and the output rounded once
 DTYPES = ("float32", "bfloat16")
 
 __all__ = ["conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
            "winograd_matrices", "RULE", "TILES", "DTYPES"]
-
-
-@functools.lru_cache(maxsize=None)
-def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(A, B, G)`` of :math:`F(m \\times m, 3 \\times 3)`, float64, shapes (alpha, m),
-    (alpha, alpha) and (alpha, 3): TVM's Cook-Toom construction
-    (``tvm.topi.nn.winograd_util``) on its float32-accurate interpolation points; read-only."""
-    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
-
-    if tile not in TILES:
-        raise ValueError(f"tile: expected one of {TILES}, got {tile!r}")
-    mats = [np.array(x, np.float64) for x in
-            _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3)]
-    for x in mats:  # cached: shared by every caller
-        x.setflags(write=False)
-    return tuple(mats)
 
 
 def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Tensor | None,

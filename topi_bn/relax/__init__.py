@@ -3,8 +3,9 @@
 - :mod:`.registration`: Relax lowers ``batch_norm`` and ``layer_norm`` with the topi-bn computes
   (installed when this package is imported; :func:`unregister` / :func:`tvm_lowering` undo it).
 - :mod:`.fusion`: conv2d [+ bias] -> batch_norm -> [relu | relu6] into one fused kernel.
-- :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`) and the lowering pipeline
-  (:func:`pipeline`, :func:`lower`).
+- :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`).
+- :mod:`.lowering`: the lowering pipeline (:func:`pipeline`, :func:`lower`) and its module
+  passes.
 - :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning.
 - :mod:`.bfloat16`: ``dtype="bfloat16"`` builds (bf16 activations and weights, float32
   arithmetic), after the bn mode and before the blocked layout.
@@ -14,16 +15,17 @@ from .registration import is_registered, register, tvm_lowering, unregister
 
 register()
 
-from . import frontends, fusion, modes  # noqa: E402
+from . import frontends, fusion, lowering, modes  # noqa: E402
 from .frontends import from_exported_program, from_onnx  # noqa: E402
 from .fusion import (  # noqa: E402
     FuseConvBatchNorm, FuseConvShiftAct, fuse_conv_batch_norm, fuse_conv_shift_act,
 )
-from .modes import BN_MODES, ApplyDefaultSchedules, apply_bn_mode, lower, pipeline  # noqa: E402
+from .lowering import ApplyDefaultSchedules, lower, pipeline  # noqa: E402
+from .modes import BN_MODES, apply_bn_mode  # noqa: E402
 from .bfloat16 import ToBFloat16, to_bfloat16  # noqa: E402
 
 __all__ = [
-    "registration", "fusion", "modes", "frontends", "from_onnx", "from_exported_program", "register", "unregister", "is_registered",
+    "registration", "fusion", "modes", "lowering", "frontends", "from_onnx", "from_exported_program", "register", "unregister", "is_registered",
     "tvm_lowering", "FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm",
     "fuse_conv_shift_act", "BN_MODES", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline",
     "lower", "ToBFloat16", "to_bfloat16",

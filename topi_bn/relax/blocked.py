@@ -39,6 +39,7 @@ output block is its consumer's input block. A grouped conv whose channels per gr
 does not divide uses the largest common block (and its input is re-blocked); see
 :mod:`topi_bn.layouts` for channels the lanes do not divide.
 """
+# Long because: one whole-network rewrite to NCHW[x]c; its steps share one plan.
 from __future__ import annotations
 
 import dataclasses
@@ -50,6 +51,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
+from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
 from ..compute import (
     conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
     conv2d_shift_act_dpbf16_nchwc, conv2d_shift_act_nchwc, conv2d_shift_act_winograd_nchwc,
@@ -452,8 +454,6 @@ class _ToBlocked(relax.PyExprMutator):
         options = dict(spec.options)
         tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
         if tile is not None:
-            from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
-
             compute = WINOGRAD_COMPUTES[compute]
             # float32 transform (in float64) of the weight, bfloat16 ones included
             weight = relax.const(pack_winograd_weight(

@@ -49,6 +49,7 @@ is the same function:
 * the folded weight and bias are finite in their dtype: a float16 model whose folded weights
   overflow stays unfolded. Only floating-point weights are folded.
 """
+# Long because: the fold record, its float64 arithmetic and the Relax rewrite must agree.
 
 from __future__ import annotations
 

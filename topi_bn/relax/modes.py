@@ -1,4 +1,4 @@
-"""The ``bn=`` build modes and the Relax lowering pipeline of ``topi_bn.build``.
+"""The ``bn=`` build modes of ``topi_bn.build``: what becomes of each batch-norm.
 
 =============  ==========================================================================
 ``bn``         what happens to ``batch_norm`` (inference, unless said otherwise)
@@ -27,10 +27,13 @@ runs on topi-bn's scheduled conv kernels.
 
 Training-mode BNs are never folded nor fused into a conv (their statistics come from the
 batch); outside ``unpacked`` they run on the topi-bn training kernel.
+
+The module :func:`apply_bn_mode` returns is compiled by the Relax pipeline of
+:mod:`topi_bn.relax.lowering` (:func:`~topi_bn.relax.lowering.pipeline`,
+:func:`~topi_bn.relax.lowering.lower`; their names are importable from here too).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -39,16 +42,17 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from ..bn_math import running_update, scale_shift
-from ..targets import resolve_target, target_family
+from ..targets import resolve_target
 from .analysis import FunctionUses, op_name, static_shape
-from .blocked import BlockedLayout
 from .fold import fold_batch_norm
-from .params import check_params
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
-from .registration import (
-    ACTIVATION_OPS, BN_CONVENTION_ATTR, MODE_ATTR, OPS, StripKernelDescriptions,
-    legalize_options,
+# the lowering pipeline, importable from here as before it had a module of its own
+from .lowering import (
+    LAYOUTS, ApplyDefaultSchedules, NarrowKernelIndices, ScheduleCpuGraphOps, check_layout, lower,
+    narrow_indices, pipeline,
 )
+from .params import check_params
+from .registration import BN_CONVENTION_ATTR, MODE_ATTR, OPS, legalize_options
 from .report import BatchNormOutcome, BatchNormReport
 
 __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
@@ -56,12 +60,6 @@ __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pip
            "ScheduleCpuGraphOps", "narrow_indices"]
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
-#: ``layout=`` of :func:`pipeline`, :func:`lower` and ``topi_bn.build``: ``"auto"`` runs the
-#: network in the blocked channel layout where it can (``fused`` and ``folded`` builds for CPU
-#: targets), ``"blocked"`` demands it (an error where it cannot), ``"keep"`` keeps the model's
-#: own layout (NCHW kernels for an NCHW model).
-LAYOUTS = ("auto", "blocked", "keep")
-_BLOCKED_MODES = ("fused", "folded")
 
 
 def check_bn(bn) -> str:
@@ -316,7 +314,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
         constant BN parameters).
     target : optional
         Unused by the graph rewrites (kept so every mode has one signature); the kernels are
-        scheduled for it later, in :func:`pipeline`.
+        scheduled for it later, in :func:`~topi_bn.relax.lowering.pipeline`.
     return_report : bool
         Also return a :class:`~topi_bn.relax.report.BatchNormReport`: what became of each
         batch-norm (fused, folded, its own kernel, unpacked) and why a fusion or fold did not
@@ -329,7 +327,8 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     Returns
     -------
     tvm.IRModule or (tvm.IRModule, BatchNormReport)
-        The module for :func:`pipeline` / :func:`lower`, with attribute
+        The module for :func:`~topi_bn.relax.lowering.pipeline` /
+        :func:`~topi_bn.relax.lowering.lower`, with attribute
         ``topi_bn.bn_mode = bn``.
     """
     if not isinstance(mod, tvm.IRModule):
@@ -393,231 +392,3 @@ def _folded_outcomes(record, fused: list[BatchNormOutcome], found) -> list[Batch
                                                         s.reason, s.detail))
     order = {(f, v): i for i, (f, v, _) in enumerate(found)}
     return sorted(out, key=lambda o: order.get((o.function, o.bn), len(order)))
-
-
-@tvm.transform.module_pass(opt_level=0, name="topi_bn.ApplyDefaultSchedules")
-class ApplyDefaultSchedules:
-    """Module pass: :func:`topi_bn.schedules.apply_default_schedules` for ``target`` on every
-    unscheduled PrimFunc holding topi-bn blocks. Without topi-bn schedules for the target's
-    family, it warns and leaves the functions unscheduled."""
-
-    def __init__(self, target):
-        self.target = resolve_target(target)
-
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules import apply_default_schedules
-
-        try:
-            return apply_default_schedules(mod, self.target)
-        except (ImportError, NotImplementedError) as err:
-            warnings.warn(f"topi_bn: no schedules for target {self.target.kind.name} "
-                          f"({err}); its kernels stay unscheduled", stacklevel=2)
-            return mod
-
-
-@tvm.transform.module_pass(opt_level=0, name="topi_bn.ScheduleCpuGraphOps")
-class ScheduleCpuGraphOps:
-    """Module pass (CPU targets): the CPU schedules of the non-topi-bn ops a CNN runs between
-    and after its convs, which TVM's CPU pipeline leaves unscheduled (one thread, scalar), on
-    every unscheduled PrimFunc they match: the rules on TVM's own ops in the target's table
-    (``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`, through
-    :func:`topi_bn.schedules.apply_default_schedules` with ``graph_ops=True``):
-
-    - :class:`topi_bn.schedules.cpu_dense.Matvec`: the classifier's matrix-vector
-      product with its bias (ResNet-50's 2048x1000: 4.0 ms unscheduled, 0.34 ms scheduled);
-    - :class:`topi_bn.schedules.cpu_pool.Pool`: max and average pooling, NCHW or
-      blocked (ResNet's 3x3 stride-2 max pool on NCHW8c 64x112x112: 0.14 -> 0.04 ms);
-    - :class:`topi_bn.schedules.cpu_layout.LayoutTransform`: the NCHW <-> NCHW[cb]c
-      transforms at the edges of a blocked graph (the 224x224 image to NCHW3c: 48 -> 10 us).
-
-    Zen 3, 2 threads."""
-
-    def __init__(self, target):
-        self.target = resolve_target(target)
-
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules import apply_default_schedules
-
-        return apply_default_schedules(mod, self.target, topi_bn_ops=False, graph_ops=True)
-
-
-@tvm.transform.module_pass(opt_level=0, name="topi_bn.NarrowKernelIndices")
-class NarrowKernelIndices:
-    """Module pass: int32 loop and index arithmetic in the scheduled topi-bn PrimFuncs whose
-    buffers all have fewer than 2**31 elements.
-
-    Relax emits kernels with int64 shapes; their int64 index arithmetic costs LLVM its
-    addressing modes and registers: the blocked 3x3 conv of ResNet's first stage ran 2.5x
-    slower with int64 indices than with int32 (AVX2, same schedule). It runs after the tuning
-    records and default schedules are applied, so it changes nothing a record matches.
-
-    Tensorized kernels (blocks with ``match_buffer``: the bf16 pair conv's micro-kernel call)
-    keep int64: TVM 0.27's ``ForceNarrowIndexToInt32`` leaves the match_buffer source regions
-    in int64 under int32 loops, and ``s_tir.CompactBufferAllocation`` then fails with
-    "mismatched types. int64 vs. int32"; their inner loop is the micro-kernel's own (i32)."""
-
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from topi_bn.schedules.common import has_topi_bn_blocks
-
-        out = None
-        for gv, func in mod.functions_items():
-            if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
-                    or not has_topi_bn_blocks(func) or _tensorized(func):
-                continue
-            out = mod.clone() if out is None else out
-            out.update_func(gv, narrow_indices(func))
-        return mod if out is None else out
-
-
-def narrow_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """``func`` with int32 loop and index arithmetic when its buffers fit (as
-    :class:`NarrowKernelIndices` compiles every topi-bn kernel; the tuner measures its candidates
-    the same way), else ``func`` unchanged."""
-    if not _fits_int32(func):
-        return func
-    narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
-    return narrow(tvm.IRModule({"main": func}))["main"]
-
-
-def _tensorized(func: tvm.tirx.PrimFunc) -> bool:
-    """Whether a block of ``func`` has match_buffers (a tensorized block)."""
-    from topi_bn.schedules.common import block_names
-
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    return any(len(sch.get(sch.get_sblock(n)).match_buffers) for n in block_names(sch))
-
-
-def _fits_int32(func: tvm.tirx.PrimFunc) -> bool:
-    """Whether every parameter buffer of ``func`` has static shapes of < 2**31 elements (the
-    internal buffers are no larger than its inputs and outputs in topi-bn kernels)."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    try:
-        infos = ArgInfo.from_prim_func(func)
-        return all(int(np.prod([int(d) for d in a.shape], dtype=np.int64)) < 2 ** 31
-                   for a in infos)
-    except (TypeError, ValueError, AttributeError):
-        return False
-
-
-def check_layout(layout, target=None, bn: str | None = None) -> str:
-    """``layout`` checked (one of :data:`LAYOUTS`), and ``"blocked"`` against ``target`` and
-    ``bn`` where they are given; ValueError naming ``layout`` otherwise."""
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    if layout == "blocked":
-        if target is not None and target_family(target) not in ("x86", "arm"):
-            raise ValueError(f"layout: 'blocked' is a CPU (x86, ARM) layout, got a "
-                             f"{resolve_target(target).kind.name} target; use 'auto' or 'keep'")
-        if bn is not None and bn not in _BLOCKED_MODES:
-            raise ValueError(f"layout: 'blocked' needs a bn='fused' or bn='folded' build, got "
-                             f"bn={bn!r}; use 'auto' or 'keep'")
-    return layout
-
-
-def _blocked(layout: str, target, mode: str) -> bool:
-    """Whether a module of bn mode ``mode`` runs blocked under ``layout`` on ``target``."""
-    if layout == "keep":
-        return False
-    if layout == "blocked":
-        check_layout(layout, target, mode)
-        return True
-    return mode in _BLOCKED_MODES and target_family(target) in ("x86", "arm")
-
-
-def _backend_pipeline(target):
-    """The module of TVM's default pipeline passes for ``target`` (``tvm.relax.pipeline``'s
-    own dispatchers reach ``cpu_generic.dataflow_lower_passes``, which 0.27 does not export)."""
-    import importlib
-
-    kind = target.kind.name
-    name = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}.get(kind, "gpu_generic")
-    if name == "gpu_generic" and "gpu" not in target.keys:
-        raise ValueError(f"target: no Relax pipeline for target kind {kind!r}")
-    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
-
-
-def pipeline(target: Any, database=None, layout: str = "auto",
-             winograd: bool = True) -> tvm.transform.Pass:
-    """The Relax pipeline of topi-bn builds, TVM's default pipeline for ``target`` with:
-
-    - for a module of mode ``fused`` or ``folded`` (:func:`apply_bn_mode`) and a CPU (x86, ARM)
-      ``target``, first the whole network in the blocked channel layout
-      (:class:`~topi_bn.relax.blocked.BlockedLayout`: blocked conv kernels with weights packed
-      at build time, residual adds fused into them, the ops between them blocked), unless
-      ``layout="keep"`` (see :data:`LAYOUTS`); with ``winograd`` its 3x3 stride-1 convs with
-      constant float32 weights and >= 32 channels run Winograd's algorithm
-      (:mod:`topi_bn.compute.conv2d_winograd_nchwc`);
-    - legalization through the topi-bn registration, without scheduling at legalize time,
-      so FuseOps fuses our kernels with their neighbours (layer_norm -> relu, ...);
-      a module of mode ``unpacked`` is lowered by TVM alone;
-    - ``relax.nn.relu`` and ``relax.clip`` (ReLU6) legalized so that NaN propagates, as in
-      PyTorch and ONNX Runtime (:data:`~topi_bn.relax.registration.ACTIVATION_OPS`; TVM's
-      ``max(x, 0)`` gives 0 for NaN), except in ``unpacked`` modules;
-    - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
-      the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedule of the
-      classifier's matrix-vector product and the pools (:class:`ScheduleCpuGraphOps`), then
-      (GPU) dlight for the
-      rest.
-    """
-    target = resolve_target(target)
-    check_layout(layout, target)
-    if database is not None:
-        from tvm.s_tir.meta_schedule.database import Database
-
-        if not isinstance(database, Database):
-            raise TypeError(f"database: expected a MetaSchedule Database or None, got "
-                            f"{type(database).__name__}")
-    rp = _backend_pipeline(target)
-
-    def passes(mode: str):
-        ours_too = mode != "unpacked"
-        first = []
-        if _blocked(layout, target, mode):
-            first.append(BlockedLayout(target, winograd))
-        first.append(StripKernelDescriptions())
-        legalize = list(rp.legalize_passes(target))
-        names = [p.info.name for p in legalize]
-        if ours_too and "LegalizeOps" in names:  # relu / clip that propagate NaN
-            legalize[names.index("LegalizeOps")] = relax.transform.LegalizeOps(
-                customize_legalize_map=ACTIVATION_OPS)
-        at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)
-        ours = []
-        if database is not None:
-            ours.append(relax.transform.MetaScheduleApplyDatabase())
-        ours.append(ApplyDefaultSchedules(target))
-        if ours_too and target_family(target) in ("x86", "arm"):
-            ours.append(ScheduleCpuGraphOps(target))
-        ours.append(NarrowKernelIndices())
-        legalize[at:at] = ours
-        return (first + list(rp.library_dispatch_passes(target)) + legalize
-                + list(rp.dataflow_lower_passes(target)) + list(rp.finalize_passes(target)))
-
-    @tvm.transform.module_pass(opt_level=0, name="topi_bn.pipeline")
-    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mode = str(mod.attrs.get(MODE_ATTR, "")) if mod.attrs is not None else ""
-        with target, legalize_options(schedule=False, active=mode != "unpacked"):
-            seq = tvm.transform.Sequential(passes(mode))
-            if database is not None:
-                with database:
-                    return seq(mod)
-            return seq(mod)
-
-    return _pipeline
-
-
-def lower(mod: tvm.IRModule, target: Any, database=None, layout: str = "auto",
-          winograd: bool = True) -> relax.VMExecutable:
-    """Compile ``mod`` (after :func:`apply_bn_mode`, or any Relax module) with :func:`pipeline`
-    (``layout``: one of :data:`LAYOUTS`; ``winograd``: see :func:`pipeline`).
-
-    Returns the executable: ``relax.VirtualMachine(lower(mod, target), dev)``.
-    """
-    if not isinstance(mod, tvm.IRModule):
-        raise TypeError(f"mod: expected a tvm.IRModule, got {type(mod).__name__}")
-    target = resolve_target(target)
-    if layout == "blocked":
-        mode = str(mod.attrs.get(MODE_ATTR, "")) if mod.attrs is not None else ""
-        check_layout(layout, target, mode)
-    return tvm.compile(mod, target=target,
-                       relax_pipeline=pipeline(target, database, layout, winograd))

@@ -40,6 +40,7 @@ import tvm
 from tvm import relax
 from tvm.relax.utils import gen_call_tir_inputs
 
+from topi_bn.schedules import apply_default_schedules
 from ..compute import batch_norm_infer, batch_norm_train, layer_norm
 from ..compute.activation import clip, relu
 
@@ -110,8 +111,6 @@ def legalize_options(**changes) -> Iterator[LegalizeOptions]:
 def schedule_primfunc(func: tvm.tirx.PrimFunc, target) -> tvm.tirx.PrimFunc | None:
     """``func`` scheduled with ``target``'s default topi-bn schedules and marked
     ``tirx.is_scheduled``; None when topi-bn has no schedules for the target's family."""
-    from topi_bn.schedules import apply_default_schedules
-
     try:
         out = apply_default_schedules(tvm.IRModule({"main": func}), target)["main"]
     except (ImportError, NotImplementedError):

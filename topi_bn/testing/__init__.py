@@ -9,6 +9,11 @@ from typing import Sequence
 
 import numpy as np
 
+from topi_bn.relax import pipeline
+from topi_bn.schedules import apply_default_schedules
+from topi_bn.schedules.common import has_topi_bn_blocks
+from topi_bn.targets import resolve_target
+
 __all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
            "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
            "assert_close_to_range"]
@@ -112,10 +117,7 @@ def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",
     outs = list(te_outputs) if isinstance(te_outputs, (list, tuple)) else [te_outputs]
     mod = tvm.IRModule({"main": te.create_prim_func(list(te_inputs) + outs)})
     if schedule:
-        from topi_bn.schedules import apply_default_schedules
-
         mod = apply_default_schedules(mod, target)
-    from topi_bn.targets import resolve_target
 
     lib = tvm.compile(mod, target=resolve_target(target))
     return run_prim_func(lib, arrays, [(o.shape, o.dtype) for o in outs])
@@ -153,10 +155,6 @@ def built_kernels(mod, target) -> list[tuple]:
     import tvm
     import tvm_ffi
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from topi_bn.relax import pipeline
-    from topi_bn.schedules.common import has_topi_bn_blocks
-    from topi_bn.targets import resolve_target
 
     lowered = pipeline(resolve_target(target))(mod)
     kernels = []

@@ -36,6 +36,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
+from topi_bn.targets import resolve_target
+from topi_bn.tuning import workload_prim_func
+
 __all__ = ["Loop", "McaResult", "MCA", "loops", "hot_loop", "run_mca", "asm_of",
            "compile_workload"]
 
@@ -166,9 +170,6 @@ def compile_workload(workload, mcpu: str, config=None, cores: int = 2) -> str:
     from unittest import mock
 
     import topi_bn
-    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
-    from topi_bn.targets import resolve_target
-    from topi_bn.tuning import workload_prim_func
 
     target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
     func = workload_prim_func(workload, "float32", target)

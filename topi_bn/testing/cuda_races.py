@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
+from topi_bn.targets import resolve_target
+
 __all__ = ["Race", "find_races", "kernel_races", "lowered_kernels"]
 
 _SCOPES = ("shared", "shared.dyn", "global")
@@ -54,8 +56,6 @@ def lowered_kernels(mod: tvm.IRModule, target) -> list[tuple[str, tirx.PrimFunc]
     """``(name, kernel)`` for every device kernel of ``mod`` (scheduled PrimFuncs) lowered for the
     CUDA ``target`` with TVM's default TIR pipeline, as ``tvm.compile`` lowers them."""
     from tvm.tirx.build import split_host_device_mods
-
-    from topi_bn.targets import resolve_target
 
     target = resolve_target(target)
     if isinstance(mod, tirx.PrimFunc):

@@ -29,6 +29,7 @@ Usage::
 Graph ``i`` of seed ``s`` depends on ``(s, i)`` only, so any graph of a long run is replayed
 alone. ``tests/test_fuzz.py`` runs a seeded sample in CI.
 """
+# Long because: generator, runner and shrinker of one tester share its Graph format.
 from __future__ import annotations
 
 import argparse
