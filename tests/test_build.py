@@ -297,3 +297,36 @@ def test_log_reads_are_reused_until_the_files_change(tmp_path):
     for _ in range(2):
         with pytest.warns(TuningLogWarning, match="database_tuning_record.json"):
             load_logs([log], t)
+
+
+@pytest.mark.parametrize("kind", ["primfunc", "relax"])
+def test_build_resolves_the_target_once(monkeypatch, workload, func, kind):
+    """One ``topi_bn.build`` call resolves its target once and computes the target's tuning-log
+    key once (the records' own targets aside): everything below is handed the resolved target."""
+    from topi_bn import targets
+    from topi_bn.build import build
+    from topi_bn.tuning import _relax_module
+
+    named, made, keyed = [], [], []
+    real_named, real_of, real_key = targets._named, targets.ResolvedTarget.of, targets._log_key
+
+    def count_named():  # called once per resolution of a target name
+        named.append(1)
+        return real_named()
+
+    def count_of(cls, t):
+        made.append(t)
+        return real_of(t)
+
+    def count_key(t, family):
+        keyed.append(t)
+        return real_key(t, family)
+
+    monkeypatch.setattr(targets, "_named", count_named)
+    monkeypatch.setattr(targets.ResolvedTarget, "of", classmethod(count_of))
+    monkeypatch.setattr(targets, "_log_key", count_key)
+    mod = func if kind == "primfunc" else _relax_module(workload, "float32")
+    build(mod, "x86-avx2", tuning_logs="shipped")  # built only, never run: any CPU
+    assert len(named) == 1
+    assert len(made) == 1
+    assert sum(t is made[0] for t in keyed) == 1, keyed

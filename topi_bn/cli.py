@@ -69,11 +69,11 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
 
 def _tune_check(args, fail: Callable[[str], None]):
     """Validate what argparse cannot, before any tuning starts."""
-    from .targets import resolve_target, tuning_log_key
+    from .targets import resolve, tuning_log_key
     from .tuning import select_workloads
 
     try:
-        target = resolve_target(args.target, arg_name="--target")
+        target = resolve(args.target, arg_name="--target")
         select_workloads(args.workloads, target)
     except (ValueError, TypeError) as err:
         fail(str(err).replace("workloads:", "--workloads:", 1))
@@ -195,14 +195,14 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
 def _compile_check(args, fail: Callable[[str], None]) -> None:
     from .build import BF16_MODES
     from .deploy import model_format, library_compiler
-    from .targets import resolve_target
+    from .targets import resolve
 
     if args.dtype == "bfloat16" and args.bn not in BF16_MODES:
         fail(f"--dtype: bfloat16 builds need --bn fused or folded, got --bn {args.bn}")
 
     try:
         model_format(args.model, "MODEL")
-        library_compiler(resolve_target(args.target, arg_name="--target"), "--target")
+        library_compiler(resolve(args.target, arg_name="--target"), "--target")
     except (ValueError, TypeError) as err:
         fail(str(err))
     out_dir = os.path.dirname(os.path.abspath(args.output))

@@ -140,11 +140,11 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
 
     from .build import build_with_report, shipped_log_dir
     from .dtypes import check_dtype
-    from .targets import resolve_target, tuning_log_key
+    from .targets import resolve, tuning_log_key
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)
-    target = resolve_target(target, arg_name="target")
+    target = resolve(target, arg_name="target")  # once; passed down as it is
     compiler = library_compiler(target)
     model_format(model, "model")
     out_dir = os.path.dirname(os.path.abspath(output))
