@@ -37,8 +37,9 @@ How to add a rule:
    defaults derived from the target, so the template's trace starts at the untuned schedule.
 3. Add an instance to the family's tuple in :data:`RULES` below. Its MetaSchedule rule is
    registered with the others when the op is in ``ANCHORS``.
-4. Test it as ``tests/test_schedules_cpu.py`` does: ``schedule_function(sch, target, False)``
-   against the float64 reference, and the ``template_at_default`` fixture (conftest).
+4. Test it as ``tests/schedules/test_schedules_cpu.py`` does:
+   ``schedule_function(sch, target, False)`` against the float64 reference, and the
+   ``template_at_default`` fixture (conftest).
 """
 from __future__ import annotations
 

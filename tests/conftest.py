@@ -1,3 +1,6 @@
+import functools
+import os
+import shutil
 import warnings
 
 import numpy as np
@@ -76,17 +79,62 @@ def model_files(tmp_path_factory):
     return d, ref
 
 
-def pytest_collection_modifyitems(config, items):
-    """GPU tests need an NVIDIA device; skip them with the reason where there is none."""
-    try:
-        import tvm
+# -- what a test needs of this machine ------------------------------------------------------------
+#: what ``@pytest.mark.requires(...)`` and the ``require`` fixture know (checked once a session)
+REQUIREMENTS = ("avx2", "gpu", "nvcc", "qemu")
 
-        has_gpu = tvm.cuda(0).exist
-    except Exception:  # no CUDA runtime at all
-        has_gpu = False
-    if has_gpu:
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (tvm.cuda(0).exist is False here)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+
+@functools.lru_cache(maxsize=None)
+def requirement_missing(name: str) -> str | None:
+    """Why this machine lacks requirement ``name`` (None when it has it).
+
+    ``avx2``: this CPU runs code built for ``x86-avx2`` (:func:`topi_bn.targets.host_can_run`);
+    ``gpu``: TVM sees an NVIDIA GPU; ``nvcc``: the CUDA toolkit's compiler is installed;
+    ``qemu``: aarch64 emulation works (the sysroot of ``scripts/setup_arm_sysroot.sh``,
+    qemu-aarch64 and aarch64-linux-gnu-gcc; :func:`topi_bn.arm_emulation.sysroot_status`).
+    """
+    if name == "avx2":
+        from topi_bn.targets import host_can_run
+
+        ok, why = host_can_run("x86-avx2")
+        return None if ok else f"this CPU cannot run x86-avx2 code: {why}"
+    if name == "gpu":
+        try:
+            import tvm
+
+            has_gpu = tvm.cuda(0).exist
+        except Exception:  # no CUDA runtime at all
+            has_gpu = False
+        return None if has_gpu else "needs an NVIDIA GPU (tvm.cuda(0).exist is False here)"
+    if name == "nvcc":
+        if shutil.which("nvcc") or os.access("/usr/local/bin/nvcc", os.X_OK):
+            return None
+        return ("nvcc not found on PATH or at /usr/local/bin/nvcc: the CUDA-to-PTX step needs "
+                "the CUDA toolkit")
+    if name == "qemu":
+        from topi_bn import arm_emulation
+
+        root, reason = arm_emulation.sysroot_status()
+        return None if root is not None else f"aarch64 emulation unavailable: {reason}"
+    raise pytest.UsageError(f"requires: unknown requirement {name!r}; known: {REQUIREMENTS}")
+
+
+def _require(*names: str) -> None:
+    for name in names:
+        why = requirement_missing(name)
+        if why is not None:
+            pytest.skip(why)
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.requires("avx2", ...)``: skip the test, with the reason, where this machine
+    lacks one of the requirements (before its fixtures are made)."""
+    for mark in item.iter_markers(name="requires"):
+        _require(*mark.args)
+
+
+@pytest.fixture(scope="session")
+def require():
+    """``require("avx2", ...)``: the ``requires`` marker from inside a test (or a fixture), for a
+    need that depends on the test's parameters."""
+    return _require

@@ -112,11 +112,10 @@ def qemu_python(sysroot: str | os.PathLike | None = None) -> tuple[list[str], di
 
 
 def as_target(target: Any):
-    import tvm
+    """``target`` as a ``tvm.target.Target``: :func:`topi_bn.targets.resolve_target`."""
+    from .targets import resolve_target
 
-    if isinstance(target, tvm.target.Target):
-        return target
-    return tvm.target.Target(target)
+    return resolve_target(target)
 
 
 def cross_compile(lib_or_mod: Any, target: Any = AARCH64_TARGET,

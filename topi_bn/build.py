@@ -30,7 +30,7 @@ from .relax.modes import BN_MODES
 from .relax.params import check_params
 from .schedules import apply_default_schedules
 from .schedules.common import has_topi_bn_blocks
-from .targets import resolve_target, tuning_log_key
+from .targets import resolve, resolve_target, tuning_log_key
 from .tuning_db import TuningLogWarning, load_logs
 
 __all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
@@ -53,6 +53,8 @@ def resolve_tuning_logs(tuning_logs, target) -> list[str]:
     ``None`` -> none; ``"shipped"`` -> the package's logs for the target; a path; or a list of
     these. User paths come first in the order given, ``"shipped"`` last: a user's record for a
     workload wins over a shipped one. A target without shipped logs simply has none (logged).
+    ``target``: anything :func:`topi_bn.targets.resolve` takes (resolved only for
+    ``"shipped"``).
     """
     if tuning_logs is None:
         return []
@@ -66,6 +68,7 @@ def resolve_tuning_logs(tuning_logs, target) -> list[str]:
             raise TypeError(f"tuning_logs: expected paths or 'shipped', got "
                             f"{type(item).__name__} in the list")
         if os.fspath(item) == "shipped":
+            target = resolve(target)  # once: the key is read twice
             path = shipped_log_dir(target)
             if os.path.isdir(path):
                 shipped.append(path)
@@ -198,7 +201,7 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         For a PrimFunc, a module whose ``lib["main"]`` takes inputs then outputs; for a Relax
         module, the executable for ``relax.VirtualMachine``.
     """
-    target = resolve_target(target)
+    target = resolve(target)  # the one resolution of this build: passed down as it is
     _check_options(target, bn, layout, winograd, dtype)
     func = _entry(mod_or_primfunc, params)  # argument errors come before any log is read
     if isinstance(func, tvm.tirx.PrimFunc):
@@ -276,7 +279,7 @@ def build_with_report(mod, target, params: Mapping[str, Any] | None = None, bn: 
     -------
     (relax.VMExecutable, BuildReport)
     """
-    target = resolve_target(target)
+    target = resolve(target)
     _check_options(target, bn, layout, winograd, dtype)
     if not isinstance(mod, tvm.IRModule) or not any(
             isinstance(f, tvm.relax.Function) for _, f in mod.functions_items()):
@@ -301,7 +304,7 @@ def _build_relax(mod, target, params, bn, tuning_logs, layout, winograd, dtype="
 def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModule, bool]:
     """The scheduled module :func:`build` compiles for PrimFunc ``func``, and whether a tuning
     record (rather than the default schedule) made it."""
-    target = resolve_target(target)
+    target = resolve(target)
     loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
     return _schedule_prim_func(func, target, _reporting_database(loaded.database, target))
 
@@ -310,7 +313,7 @@ def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
     from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
     mod = _normalize_mod(func)
-    sch = db.query_schedule(mod, target, "main")
+    sch = db.query_schedule(mod, resolve_target(target), "main")
     if sch is not None:
         mod = sch.mod
         mod["main"] = mod["main"].with_attr("tirx.is_scheduled", True)
@@ -321,4 +324,4 @@ def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
 def _build_prim_func(func, target, db):
     mod, _ = _schedule_prim_func(func, target, db)
     # int32 indices, as in Relax builds (NarrowKernelIndices)
-    return tvm.compile(modes.NarrowKernelIndices()(mod), target=target)
+    return tvm.compile(modes.NarrowKernelIndices()(mod), target=resolve_target(target))

@@ -19,7 +19,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

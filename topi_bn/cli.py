@@ -20,7 +20,7 @@ from .build import BF16_MODES, BN_MODES, DTYPES
 from .checks import check_writable_dir, one_line
 from .deploy import compile_model, library_compiler, model_format, run_library
 from .rpc import parse_tracker
-from .targets import host_can_run, resolve_target, tuning_log_key
+from .targets import host_can_run, resolve, tuning_log_key
 from .tuning import select_workloads, SPACES, tune, TuneConfig
 from .tuning_verify import verify_log
 
@@ -74,7 +74,7 @@ def _tune_arguments(p: argparse.ArgumentParser) -> None:
 def _tune_check(args, fail: Callable[[str], None]):
     """Validate what argparse cannot, before any tuning starts."""
     try:
-        target = resolve_target(args.target, arg_name="--target")
+        target = resolve(args.target, arg_name="--target")
         select_workloads(args.workloads, target)
     except (ValueError, TypeError) as err:
         fail(str(err).replace("workloads:", "--workloads:", 1))
@@ -187,7 +187,7 @@ def _compile_check(args, fail: Callable[[str], None]) -> None:
 
     try:
         model_format(args.model, "MODEL")
-        library_compiler(resolve_target(args.target, arg_name="--target"), "--target")
+        library_compiler(resolve(args.target, arg_name="--target"), "--target")
     except (ValueError, TypeError) as err:
         fail(str(err))
     out_dir = os.path.dirname(os.path.abspath(args.output))

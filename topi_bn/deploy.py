@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 # run_library works with TVM's runtime alone (on a board)
 from .dtypes import check_dtype
 from .rpc import cross_compiler_for
-from .targets import resolve_target, tuning_log_key
+from .targets import resolve, tuning_log_key
 
 __all__ = ["MODEL_FORMATS", "load_model", "library_compiler", "compile_model",
            "library_arch", "run_library", "model_format"]
@@ -146,7 +146,7 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)
-    target = resolve_target(target, arg_name="target")
+    target = resolve(target, arg_name="target")  # once; passed down as it is
     compiler = library_compiler(target)
     model_format(model, "model")
     out_dir = os.path.dirname(os.path.abspath(output))

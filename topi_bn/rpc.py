@@ -52,9 +52,9 @@ def cross_compiler_for(target: Any) -> str | None:
     """The C cross compiler that links shared libraries for ``target``; None for the host."""
     import platform
 
-    import tvm
+    from .targets import resolve_target
 
-    target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    target = resolve_target(target)
     triple = str(target.attrs.get("mtriple", "") or "")
     if target.host is not None and target.kind.name != "llvm":
         triple = str(target.host.attrs.get("mtriple", "") or "")

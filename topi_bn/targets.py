@@ -12,11 +12,17 @@ below:
 ``arm``        generic aarch64 with NEON (128-bit vectors)
 ``cuda``       ``cuda-sm80`` and ``cuda-sm90``; ``cuda`` alone is sm_80
 =============  ==========================================================================
+
+An entry point (``topi_bn.build``, ``topi_bn.tune``, the benchmarks, ``topi-bn compile``, the
+RPC builder) calls :func:`resolve` once and passes the :class:`ResolvedTarget` down: it holds the
+``tvm.target.Target``, its schedule family and its tuning-log key, so nothing below resolves the
+target or computes the key again. Every function here that takes a target accepts one.
 """
 from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -24,7 +30,7 @@ import tvm
 from tvm.target import Target
 
 __all__ = [
-    "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
+    "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
     "vector_bits", "vector_lanes", "num_cores", "host_can_run", "check_host_can_run",
     "with_gpu_limits",
 ]
@@ -133,6 +139,8 @@ def resolve_target(target: Any, arg_name: str = "target") -> Target:
     ValueError
         ``target`` is a string that is neither a topi-bn name nor a TVM tag.
     """
+    if isinstance(target, ResolvedTarget):
+        return target.target
     if isinstance(target, Target):
         return target
     if isinstance(target, Mapping):
@@ -174,7 +182,12 @@ def _with_num_cores(t: Target) -> Target:
 
 def target_family(target: Any) -> str:
     """``"cuda"``, ``"arm"`` or ``"x86"``: which schedule family serves ``target``."""
-    t = resolve_target(target)
+    if isinstance(target, ResolvedTarget):
+        return target.family
+    return _family(resolve_target(target))
+
+
+def _family(t: Target) -> str:
     keys = set(t.keys)
     if "gpu" in keys or t.kind.name in ("cuda", "nvptx", "rocm", "vulkan", "opencl", "metal"):
         return "cuda"
@@ -186,13 +199,119 @@ def target_family(target: Any) -> str:
 def tuning_log_key(target: Any) -> str:
     """Folder name under ``tuning_logs/`` for ``target``: ``x86-avx512``, ``x86-avx2``,
     ``arm-neon`` or ``cuda-sm_XX``."""
+    if isinstance(target, ResolvedTarget):
+        if target.log_key is None:
+            raise target.log_key_error.with_traceback(None)
+        return target.log_key
     t = resolve_target(target)
-    family = target_family(t)
+    return _log_key(t, _family(t))
+
+
+def _log_key(t: Target, family: str) -> str:
     if family == "cuda":
         return f"cuda-{t.attrs.get('arch', 'sm_80')}"
     if family == "arm":
         return "arm-neon"
     return "x86-avx512" if vector_bits(t) >= 512 else "x86-avx2"
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A target resolved once, at an entry point, and passed down (see :func:`resolve`).
+
+    Attributes
+    ----------
+    target : tvm.target.Target
+        What TVM is given.
+    family : str
+        :func:`target_family`: ``"x86"``, ``"arm"`` or ``"cuda"``.
+    log_key : str or None
+        :func:`tuning_log_key` (``x86-avx2``, ``arm-neon``, ``cuda-sm_80``, ...); None for a
+        target topi-bn has no key for (then :func:`tuning_log_key` raises ``log_key_error``).
+    """
+
+    target: Target
+    family: str
+    log_key: str | None
+    log_key_error: Exception | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, t: Target) -> "ResolvedTarget":
+        """``t`` (a ``tvm.target.Target``) with its family and log key, computed here once."""
+        family = _family(t)
+        try:
+            return cls(t, family, _log_key(t, family))
+        except Exception as err:  # noqa: BLE001 -- reported by tuning_log_key when asked for
+            return cls(t, family, None, err)
+
+
+def resolve(target: Any, arg_name: str = "target", *, runnable: bool = False,
+            threads: int | None = None, gpu_limits: bool = False) -> ResolvedTarget:
+    """``target`` (anything :func:`resolve_target` takes, or a :class:`ResolvedTarget`) as a
+    :class:`ResolvedTarget`; the one place an entry point turns what the user passed into a
+    target. A :class:`ResolvedTarget` passed with no options comes back as it is.
+
+    Parameters
+    ----------
+    target : ResolvedTarget, Target, dict or str
+    arg_name : str
+        The argument named in errors (``"--target"`` for the command line).
+    runnable : bool
+        The code will run on this machine: refuse a target it cannot run
+        (:func:`check_host_can_run`; ``topi-bn tune`` measuring here, ``--verify``).
+    threads : int, optional
+        The code will run on this machine with this many threads (the benchmarks): a CPU
+        target gets ``num-cores = threads``; ``"cuda"`` means this machine's GPU (its compute
+        capability becomes ``arch``) and a CUDA target of another ``arch`` is refused (a cubin
+        for another major version does not load); kinds other than ``llvm`` and ``cuda`` are
+        refused; implies ``runnable``.
+    gpu_limits : bool
+        A CUDA target gets the per-block limits MetaSchedule reads (:func:`with_gpu_limits`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`resolve_target`, naming ``arg_name``; ``ValueError`` for a target refused by
+        ``runnable`` or ``threads``.
+    """
+    options = runnable or threads is not None or gpu_limits
+    if isinstance(target, ResolvedTarget) and not options:
+        return target
+    t = resolve_target(target, arg_name)
+    if gpu_limits:
+        t = with_gpu_limits(t)
+    if threads is not None:
+        t = _for_this_machine(t, isinstance(target, str) and target == "cuda", threads, arg_name)
+    elif runnable:
+        check_host_can_run(t, arg_name)
+    return ResolvedTarget.of(t)
+
+
+def _for_this_machine(t: Target, generic_cuda: bool, threads: int, arg_name: str) -> Target:
+    """``t`` as a target that runs on this machine with ``threads`` threads (see
+    :func:`resolve`)."""
+    if _family(t) == "cuda":
+        if t.kind.name != "cuda":
+            raise ValueError(f"{arg_name}: the GPU benchmark runs CUDA; got kind {t.kind.name!r}")
+        check_host_can_run(t, arg_name)
+        major, minor = tvm.cuda(0).compute_version.split(".")
+        arch = f"sm_{major}{minor}"
+        if not generic_cuda and str(t.attrs.get("arch", arch)) != arch:
+            raise ValueError(f"{arg_name}: {t.attrs.get('arch')} code does not run on this GPU "
+                             f"({arch}); use 'cuda' (this GPU's arch)")
+        cfg = {k: v for k, v in dict(t.export()).items()
+               if k not in ("keys", "tag", "features", "host") and v not in (None, "")}
+        cfg["arch"] = arch
+        return Target(cfg, host={"kind": "llvm"})
+    if t.kind.name != "llvm":
+        raise ValueError(f"{arg_name}: benchmarks run on this machine's CPU (an llvm target) or "
+                         f"its NVIDIA GPU ('cuda'); got kind {t.kind.name!r}")
+    check_host_can_run(t, arg_name)
+    cfg = dict(t.export())
+    cfg["num-cores"] = threads
+    for k in ("keys", "tag", "features"):
+        cfg.pop(k, None)
+    return Target({k: v for k, v in cfg.items() if v not in (None, "")})
 
 
 def vector_bits(target: Any) -> int:

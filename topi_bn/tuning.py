@@ -34,10 +34,7 @@ from .relax import lowering
 from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.rules import rules_for
-from .targets import (
-    check_host_can_run, resolve_target, target_family, tuning_log_key, vector_lanes,
-    with_gpu_limits,
-)
+from .targets import resolve, resolve_target, target_family, tuning_log_key, vector_lanes
 from .tuning_db import merge_records, read_manifest
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
@@ -213,7 +210,7 @@ def _blocked_for(group: str, target) -> list:
     networks = _workloads.NETWORKS if group == "all" else (group,)
     if target is None or not set(networks) <= set(_workloads.NETWORKS):
         return []
-    tgt = resolve_target(target)
+    tgt = resolve(target)
     if target_family(tgt) == "cuda":
         return []
     lanes = vector_lanes(tgt, "float32")
@@ -352,7 +349,7 @@ def _builder_runner(target, config: TuneConfig, cores: int, rpc_tracker, rpc_key
 
     if rpc_tracker is None and rpc_key is None:
         evaluator = None  # MetaSchedule's default
-        if config.flush_caches and target.kind.name == "llvm":
+        if config.flush_caches and resolve_target(target).kind.name == "llvm":
             evaluator = EvaluatorConfig(number=1, repeat=config.runner_calls, min_repeat_ms=0,
                                         enable_cpu_cache_flush=True)
         return (LocalBuilder(max_workers=cores, timeout_sec=config.builder_timeout_s,
@@ -447,18 +444,18 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     from tvm.s_tir import meta_schedule as ms
 
     progress = progress_stream(progress)
-    # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads
-    tgt = with_gpu_limits(resolve_target(target))
-    if rpc_tracker is None:  # measured here: refuse a target this machine cannot execute
-        check_host_can_run(tgt, "target")
-    else:
+    # a CUDA target from a bare dict or a tag may lack the per-block limits MetaSchedule reads;
+    # measured here (no tracker): refuse a target this machine cannot execute
+    rt = resolve(target, gpu_limits=True, runnable=rpc_tracker is None)
+    tgt = rt.target
+    if rpc_tracker is not None:
         parse_tracker(rpc_tracker)
-    chosen = select_workloads(workloads, tgt)
+    chosen = select_workloads(workloads, rt)
     trials = _check_trials(trials)
     space = check_choice("space", space, SPACES)
     dtype = check_choice("dtype", dtype, DTYPES)
     if log_dir is None:
-        log_dir = os.path.join("tuning_logs", tuning_log_key(tgt))
+        log_dir = os.path.join("tuning_logs", tuning_log_key(rt))
     log_dir = check_writable_dir("log_dir", log_dir)
     if config is not None and not isinstance(config, TuneConfig):
         raise TypeError(f"config: expected a TuneConfig, got {describe(config)}")
@@ -471,7 +468,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         except (NotImplementedError, ImportError) as err:
             raise ValueError(f"space: no topi-bn schedule templates for {tgt.kind.name} ({err}); "
                              f"use space='auto'") from None
-    builder, runner = _builder_runner(tgt, config, cores, rpc_tracker, rpc_key)
+    builder, runner = _builder_runner(rt, config, cores, rpc_tracker, rpc_key)
     os.makedirs(log_dir, exist_ok=True)
 
     # what is left to do
@@ -486,9 +483,9 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
             done_by_kernel[kernel] = (n, name)
     plan, planned = [], {}
     for w in chosen:
-        func = workload_prim_func(w, dtype, tgt)
+        func = workload_prim_func(w, dtype, rt)
         mod = build_visible_mod(func)
-        key = _manifest_key(w, dtype, space, tgt, mod)
+        key = _manifest_key(w, dtype, space, rt, mod)
         kernel = key.partition("|")[2]
         done, same_as = done_by_kernel.get(kernel, (0, ""))
         if kernel in planned:  # tuned in this run under the earlier name

@@ -8,6 +8,7 @@ A tuning log is a MetaSchedule JSON database directory::
 
 Reading (:func:`load_logs`) parses the files line by line into an in-memory
 ``ms.database.MemoryDatabase``; the files are opened read-only, so a build never changes a log.
+``_parse_log`` is the one parser of a log: :func:`drop_records` reads through it too.
 A missing, empty, truncated or corrupt file gives a :class:`TuningLogWarning` naming the file and
 the lines that were skipped; the other records still load.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import logging
 import os
@@ -41,7 +43,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .targets import resolve_target, tuning_log_key
+from .targets import resolve, resolve_target, tuning_log_key
 
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
@@ -95,50 +97,82 @@ def _warn(msg: str) -> None:
 
 def _target_key(target) -> tuple[str, str] | None:
     try:
-        return (target.kind.name, tuning_log_key(target))
+        return (resolve_target(target).kind.name, tuning_log_key(target))
     except Exception:  # a target topi-bn has no log key for
         return None
 
 
 def record_applies(record_target, build_target) -> bool:
     """Whether a record tuned for ``record_target`` applies to a build for ``build_target``: same
-    target kind and same :func:`~topi_bn.targets.tuning_log_key`."""
+    target kind and same :func:`~topi_bn.targets.tuning_log_key` (``build_target`` is best a
+    :class:`~topi_bn.targets.ResolvedTarget`, whose key is computed once)."""
     if record_target is None:
         return False
     want = _target_key(build_target)
     return want is not None and _target_key(record_target) == want
 
 
-def _read_lines(path: str) -> list[str] | None:
-    """The lines of ``path`` (read-only), or None with a warning when it cannot be read."""
-    if not os.path.isfile(path):
+def _read_lines(path: str, strict: bool) -> list[str] | None:
+    """The lines of ``path`` (read-only; line ends kept, as text-mode ``readlines`` gives them).
+
+    Lenient: None, with a warning, when the file is missing, unreadable or empty. ``strict``:
+    the error is raised.
+    """
+    if not strict and not os.path.isfile(path):
         _warn(f"tuning log {path}: file not found; using default schedules for its workloads")
         return None
     try:
         with open(path, "rb") as f:
             text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
+        if strict:
+            raise
         _warn(f"tuning log {path}: cannot be read ({err}); using default schedules")
         return None
-    lines = text.splitlines()
-    if not any(line.strip() for line in lines):
+    lines = io.StringIO(text, newline=None).readlines()
+    if not strict and not any(line.strip() for line in lines):
         _warn(f"tuning log {path}: file is empty; using default schedules for its workloads")
         return None
     return lines
 
 
-def _load_one(log_dir: str):
-    """Parse one log directory: ``[(workload, [record, ...]), ...]`` grouped by workload line."""
+@dataclass
+class _ParsedLog:
+    """One log directory as :func:`_parse_log` read it.
+
+    ``workloads``: workload line index -> ``ms.database.Workload``. ``records``: one entry per
+    line of the record file, in order: ``(line as read, TuningRecord or None, workload index or
+    None)``; the record is None for a blank line, a line skipped as corrupt, and a record of a
+    workload ``select`` did not choose.
+    """
+
+    workloads: dict[int, object]
+    records: list[tuple[str, object, object]]
+
+
+def _parse_log(log_dir: str, strict: bool = False,
+               select: Callable[[object], bool] | None = None) -> _ParsedLog | None:
+    """Parse the log in ``log_dir``: the one reader of the workload and record files.
+
+    Lenient (reading for a build, :func:`load_logs`): a missing, unreadable or empty file gives a
+    :class:`TuningLogWarning` and None; corrupt or truncated lines, and records of a workload
+    line that is not there, are skipped with a warning naming them. ``strict`` (rewriting,
+    :func:`drop_records`): the first error is raised and a record of a missing workload line is
+    kept as it is.
+
+    ``select(workload) -> bool``: only the records of the chosen workloads are parsed into
+    ``TuningRecord`` objects (default: all).
+    """
     from tvm.s_tir import meta_schedule as ms
 
     wl_path = os.path.join(log_dir, WORKLOAD_FILE)
     rec_path = os.path.join(log_dir, RECORD_FILE)
-    wl_lines = _read_lines(wl_path)
+    wl_lines = _read_lines(wl_path, strict)
     if wl_lines is None:
-        return []
-    rec_lines = _read_lines(rec_path)
+        return None
+    rec_lines = _read_lines(rec_path, strict)
     if rec_lines is None:
-        return []
+        return None
 
     workloads: dict[int, object] = {}
     bad_wl = []
@@ -148,28 +182,47 @@ def _load_one(log_dir: str):
         try:
             workloads[i] = ms.database.Workload.from_json(json.loads(line))
         except Exception:  # json.JSONDecodeError or a TVM parse error
+            if strict:
+                raise
             bad_wl.append(i + 1)
     if bad_wl:
         _warn(f"tuning log {wl_path}: skipped corrupt or truncated line(s) {_lines(bad_wl)}; "
               f"their workloads use default schedules")
+    chosen = workloads if select is None else {i: w for i, w in workloads.items() if select(w)}
 
-    grouped: dict[int, list] = {}
+    records: list[tuple[str, object, object]] = []
     bad_rec = []
     for i, line in enumerate(rec_lines):
-        if not line.strip():
-            continue
-        try:
-            idx, rec_json = json.loads(line)
-            if idx not in workloads:
-                raise ValueError(f"no workload {idx}")
-            rec = ms.database.TuningRecord.from_json(rec_json, workloads[idx])
-        except Exception:
-            bad_rec.append(i + 1)
-            continue
-        grouped.setdefault(idx, []).append(rec)
+        rec = idx = None
+        if line.strip():
+            try:
+                idx, rec_json = json.loads(line)
+                if idx in chosen:
+                    rec = ms.database.TuningRecord.from_json(rec_json, chosen[idx])
+                elif not strict and idx not in workloads:
+                    raise ValueError(f"no workload {idx}")
+            except Exception:
+                if strict:
+                    raise
+                bad_rec.append(i + 1)
+                rec = idx = None
+        records.append((line, rec, idx))
     if bad_rec:
         _warn(f"tuning log {rec_path}: skipped corrupt or truncated line(s) {_lines(bad_rec)}")
-    return [(workloads[i], recs) for i, recs in grouped.items()]
+    return _ParsedLog(workloads, records)
+
+
+def _load_one(log_dir: str):
+    """One log directory's usable records: ``[(workload, [record, ...]), ...]`` grouped by
+    workload line (lenient :func:`_parse_log`)."""
+    parsed = _parse_log(log_dir)
+    if parsed is None:
+        return []
+    grouped: dict[int, list] = {}
+    for _line, rec, idx in parsed.records:
+        if rec is not None:
+            grouped.setdefault(idx, []).append(rec)
+    return [(parsed.workloads[i], recs) for i, recs in grouped.items()]
 
 
 def _lines(nums: list[int]) -> str:
@@ -212,15 +265,16 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
     ----------
     log_dirs : sequence of str
         MetaSchedule JSON database directories. They are only read.
-    target : tvm.target.Target
-        The build target; records for other targets are dropped (see :func:`record_applies`).
+    target : ResolvedTarget, tvm.target.Target, dict or str
+        The build target (anything :func:`topi_bn.targets.resolve` takes); records for other
+        targets are dropped (see :func:`record_applies`).
 
     Returns
     -------
     LoadedLogs
     """
-    t = resolve_target(target)
-    key = (_files_state(log_dirs), t.kind.name, tuning_log_key(t))
+    t = resolve(target)
+    key = (_files_state(log_dirs), t.target.kind.name, tuning_log_key(t))
     if key in _CACHE:
         return _CACHE[key]
     with warnings.catch_warnings(record=True) as caught:
@@ -368,30 +422,17 @@ def drop_records(log_dir: str, mod, drop: Callable[[object], bool]) -> int:
         The log cannot be parsed; it is left untouched.
     """
     import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
 
-    wl_path = os.path.join(log_dir, WORKLOAD_FILE)
     rec_path = os.path.join(log_dir, RECORD_FILE)
     with log_lock(log_dir):
         try:
-            with open(wl_path, encoding="utf-8") as f:
-                wl_lines = f.readlines()
-            with open(rec_path, encoding="utf-8") as f:
-                rec_lines = f.readlines()
-            mine = {}
-            for i, line in enumerate(wl_lines):
-                if line.strip():
-                    wl = ms.database.Workload.from_json(json.loads(line))
-                    if tvm_ffi.structural_equal(wl.mod, mod):
-                        mine[i] = wl
+            parsed = _parse_log(log_dir, strict=True,
+                                select=lambda wl: tvm_ffi.structural_equal(wl.mod, mod))
             kept, dropped = [], 0
-            for line in rec_lines:
-                if line.strip():
-                    idx, rec_json = json.loads(line)
-                    if idx in mine and drop(ms.database.TuningRecord.from_json(rec_json,
-                                                                              mine[idx])):
-                        dropped += 1
-                        continue
+            for line, rec, _idx in parsed.records:
+                if rec is not None and drop(rec):
+                    dropped += 1
+                    continue
                 kept.append(line)
         except Exception as err:  # noqa: BLE001 -- OSError, JSON or TVM parse errors
             raise ValueError(f"log_dir: the tuning log in {log_dir} cannot be parsed ({err}); "

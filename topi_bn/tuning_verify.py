@@ -27,7 +27,7 @@ import numpy as np
 
 from .build import build, schedule_prim_func
 from .checks import check_choice
-from .targets import check_host_can_run, resolve_target, tuning_log_key
+from .targets import resolve, tuning_log_key
 from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
                      workload_prim_func)
 from .tuning_db import drop_records, load_logs, run_time
@@ -128,7 +128,8 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
     """Check one workload of the log in ``log_dir`` (see the module docstring).
 
     ``measure(mods, args)`` returns microseconds per call of each compiled module; default
-    :func:`interleaved_us` with ``rounds``. ``target`` is a resolved ``tvm.target.Target``."""
+    :func:`interleaved_us` with ``rounds``. ``target`` is a resolved target (a
+    :class:`~topi_bn.targets.ResolvedTarget` or a ``tvm.target.Target``)."""
     func = workload_prim_func(workload, dtype, target)
     mod = build_visible_mod(func)
     records = _records(log_dir, mod, target)
@@ -180,8 +181,7 @@ def verify_log(target="x86", workloads="all", log_dir: str | os.PathLike | None 
     -------
     list of VerifyResult
     """
-    tgt = resolve_target(target)
-    check_host_can_run(tgt, "target")
+    tgt = resolve(target, runnable=True)
     dtype = check_choice("dtype", dtype, DTYPES)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds: expected a positive int, got {rounds!r}")

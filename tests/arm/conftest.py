@@ -9,11 +9,9 @@ from topi_bn import arm_emulation
 
 
 @pytest.fixture(scope="session")
-def arm_sysroot():
-    root, reason = arm_emulation.sysroot_status()
-    if root is None:
-        pytest.skip(f"aarch64 emulation unavailable: {reason}")
-    return root
+def arm_sysroot(require):
+    require("qemu")  # skipped, with the reason, without aarch64 emulation
+    return arm_emulation.sysroot_status()[0]
 
 
 @pytest.fixture(params=sorted(arm_emulation.ARM_TARGETS), ids=sorted(arm_emulation.ARM_TARGETS))

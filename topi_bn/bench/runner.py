@@ -25,7 +25,6 @@ Where a case is timed depends on the run's thread policy (:attr:`BenchConfig.thr
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -34,7 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .. import checks
-from ..targets import check_host_can_run, resolve_target, target_family
+from ..targets import resolve
 from .isolation import WorkerPool
 from .threads import check_threads_policy, host_threads
 from .timing import Timing, time_callable, time_in_turns, warm_up
@@ -623,31 +622,7 @@ def resolve_bench_target(target, threads: int = 1, arg_name: str = "target"):
     ``"cuda"`` means this GPU: its compute capability becomes ``arch``. A CUDA target naming
     another ``arch`` is refused (a cubin for another major version does not load). Code for an
     ISA this CPU lacks would die with SIGILL: refused too (:func:`topi_bn.targets.host_can_run`).
-    Raises ``ValueError`` naming ``arg_name``.
+    Raises ``ValueError`` naming ``arg_name``. (:func:`topi_bn.targets.resolve` with
+    ``threads``.)
     """
-    import tvm
-
-    generic_cuda = target == "cuda"
-    t = resolve_target(target, arg_name)
-    if target_family(t) == "cuda":
-        if t.kind.name != "cuda":
-            raise ValueError(f"{arg_name}: the GPU benchmark runs CUDA; got kind {t.kind.name!r}")
-        check_host_can_run(t, arg_name)
-        major, minor = tvm.cuda(0).compute_version.split(".")
-        arch = f"sm_{major}{minor}"
-        if not generic_cuda and str(t.attrs.get("arch", arch)) != arch:
-            raise ValueError(f"{arg_name}: {t.attrs.get('arch')} code does not run on this GPU "
-                             f"({arch}); use 'cuda' (this GPU's arch)")
-        cfg = {k: v for k, v in dict(t.export()).items()
-               if k not in ("keys", "tag", "features", "host") and v not in (None, "")}
-        cfg["arch"] = arch
-        return tvm.target.Target(cfg, host={"kind": "llvm"})
-    if t.kind.name != "llvm":
-        raise ValueError(f"{arg_name}: benchmarks run on this machine's CPU (an llvm target) or "
-                         f"its NVIDIA GPU ('cuda'); got kind {t.kind.name!r}")
-    check_host_can_run(t, arg_name)
-    cfg = dict(t.export())
-    cfg["num-cores"] = threads
-    for k in ("keys", "tag", "features"):
-        cfg.pop(k, None)
-    return tvm.target.Target({k: v for k, v in cfg.items() if v not in (None, "")})
+    return resolve(target, arg_name, threads=threads).target

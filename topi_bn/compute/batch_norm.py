@@ -23,7 +23,6 @@ Blocks carry ``schedule_rule = "topi_bn.batch_norm_train"`` / ``"topi_bn.batch_n
 """
 from __future__ import annotations
 
-from typing import Any
 
 import tvm
 from tvm import te

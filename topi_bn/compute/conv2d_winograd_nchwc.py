@@ -37,7 +37,6 @@ register tile of the products.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import tvm
 from tvm import te

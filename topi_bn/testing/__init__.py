@@ -16,7 +16,7 @@ from topi_bn.targets import resolve_target
 
 __all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
            "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
-           "assert_close_to_range"]
+           "assert_close_to_range", "run_workload"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
@@ -105,6 +105,20 @@ def run_prim_func(lib, inputs: Sequence[np.ndarray], output_shapes_dtypes, devic
             for shape, dtype in output_shapes_dtypes]
     lib[func_name](*args, *outs)
     return [o.numpy() for o in outs]
+
+
+def run_workload(lib, workload, dtype: str = "float32", device=None):
+    """Run ``lib["main"]``, built from the PrimFunc of ``workload`` (a
+    :class:`topi_bn.workloads.Workload`), on the workload's random ``dtype`` inputs.
+
+    Returns
+    -------
+    (list of np.ndarray, list of np.ndarray)
+        The outputs and their float64 references, for :func:`assert_close`.
+    """
+    inputs = workload.random_inputs(dtype)
+    refs = workload.reference(*inputs)
+    return run_prim_func(lib, inputs, [(r.shape, dtype) for r in refs], device), refs
 
 
 def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",

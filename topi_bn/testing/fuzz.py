@@ -27,7 +27,7 @@ Usage::
     python -m topi_bn.testing.fuzz --graphs 1 --seed 1 --first 57 # replay one graph
 
 Graph ``i`` of seed ``s`` depends on ``(s, i)`` only, so any graph of a long run is replayed
-alone. ``tests/test_fuzz.py`` runs a seeded sample in CI.
+alone. ``tests/testing/test_fuzz.py`` runs a seeded sample in CI.
 """
 # Long because: generator, runner and shrinker of one tester share its Graph format.
 from __future__ import annotations

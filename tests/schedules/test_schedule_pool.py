@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from topi_bn.schedules.cpu_pool import pool_block, schedule_pool
-from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.targets import resolve_target
 from topi_bn.testing import assert_close, legalized_prim_func
 
 TARGET = "x86-avx2"  # runs on every x86 host of the project
@@ -55,10 +55,9 @@ CASES = [
 ]
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("kind, shape, cb, size, stride, pad", CASES)
 def test_scheduled_pool_matches_float64(rng, kind, shape, cb, size, stride, pad):
-    if not host_can_run(TARGET)[0]:
-        pytest.skip(f"this CPU cannot run {TARGET} code")
     x = rng.standard_normal(shape).astype("float32")
     xin = _blocked(x, cb) if cb else x
     layout = f"NCHW{cb}c" if cb else "NCHW"
@@ -75,11 +74,10 @@ def test_scheduled_pool_matches_float64(rng, kind, shape, cb, size, stride, pad)
     assert_close(got.numpy(), expect, "float32")
 
 
+@pytest.mark.requires("avx2")
 def test_global_mean_with_kept_dims_is_scheduled_as_a_pool(rng):
     """A mean over (H, W) keeping them is the same reduction as a 7x7 average pool: scheduled,
     and right."""
-    if not host_can_run(TARGET)[0]:
-        pytest.skip(f"this CPU cannot run {TARGET} code")
     func = legalized_prim_func(lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True),
                                (1, 2, 7, 7, 8))
     sch = tvm.s_tir.Schedule(func)
@@ -100,11 +98,10 @@ def test_other_reductions_are_not_pools():
         assert not schedule_pool(sch, resolve_target(TARGET))
 
 
+@pytest.mark.requires("avx2")
 def test_fused_build_schedules_the_max_pool(rng, scheduled_by):
     """In a ``fused`` build (blocked layout) the max pool after a conv runs scheduled, and the
     network's output matches float64."""
-    if not host_can_run(TARGET)[0]:
-        pytest.skip(f"this CPU cannot run {TARGET} code")
     import torch
 
     import topi_bn

@@ -7,10 +7,11 @@ import os
 import numpy as np
 import pytest
 
+from topi_bn.testing import assert_close, run_workload
 from topi_bn.tuning_db import run_time
 from tuning_helpers import (
-    OTHER_KEY_TARGET, RECORDS, SAME_KEY_TARGET, TARGET, WORKLOAD, assert_close, copy_log,
-    dir_digest, run_prim_func, tuned_log_dir,
+    OTHER_KEY_TARGET, RECORDS, SAME_KEY_TARGET, TARGET, WORKLOAD, copy_log, dir_digest,
+    tuned_log_dir,
 )
 
 
@@ -48,6 +49,7 @@ def _best_record_schedule(log, func):
     return sch.mod
 
 
+@pytest.mark.requires("avx2")
 def test_build_applies_the_best_record(log_dir, func, workload):
     import tvm_ffi
 
@@ -65,10 +67,13 @@ def test_build_applies_the_best_record(log_dir, func, workload):
     assert not applied_default
 
     lib = build(func, TARGET, tuning_logs=log_dir)
-    assert_close(*run_prim_func(lib, workload))
+    outs, refs = run_workload(lib, workload)
+    for out, ref in zip(outs, refs):
+        assert_close(out, ref, "float32")
     assert dir_digest(log_dir) == before  # a build never writes a log
 
 
+@pytest.mark.requires("avx2")
 def test_relax_build_applies_records_and_logs_missing(log_dir, workload, caplog):
     import tvm
     from tvm import relax
@@ -88,7 +93,7 @@ def test_relax_build_applies_records_and_logs_missing(log_dir, workload, caplog)
         assert said == missing, (logs, caplog.text)
         vm = relax.VirtualMachine(ex, tvm.cpu())
         out = vm["main"](*[tvm.runtime.tensor(a) for a in ins])
-        assert_close([out.numpy()], refs)
+        assert_close(out.numpy(), refs[0], "float32")
 
 
 def test_shipped_resolves_to_the_package_dir():
@@ -109,6 +114,7 @@ def test_shipped_resolves_to_the_package_dir():
         resolve_tuning_logs(3, t)
 
 
+@pytest.mark.requires("avx2")
 def test_records_for_other_targets_are_not_applied(log_dir, func):
     from topi_bn.build import schedule_prim_func
     from topi_bn.targets import resolve_target
@@ -122,6 +128,7 @@ def test_records_for_other_targets_are_not_applied(log_dir, func):
     assert schedule_prim_func(func, SAME_KEY_TARGET, tuning_logs=log_dir)[1]
 
 
+@pytest.mark.requires("avx2")
 def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
     """For a workload present in several logs, the records come from the first log only."""
     from tvm.s_tir import meta_schedule as ms
@@ -161,6 +168,7 @@ def _missing(path):
     os.remove(path)
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("damage", [_missing, _empty, _truncate, _corrupt])
 @pytest.mark.parametrize("which", ["database_workload.json", "database_tuning_record.json"])
 def test_bad_logs_warn_and_build_with_defaults(tmp_path, workload, func, damage, which):
@@ -173,7 +181,9 @@ def test_bad_logs_warn_and_build_with_defaults(tmp_path, workload, func, damage,
     before = dir_digest(log)
     with pytest.warns(TuningLogWarning, match=which):
         lib = build(func, "x86", tuning_logs=log)
-    assert_close(*run_prim_func(lib, workload))
+    outs, refs = run_workload(lib, workload)
+    for out, ref in zip(outs, refs):
+        assert_close(out, ref, "float32")
     assert dir_digest(log) == before  # not rewritten, not created
 
 
@@ -184,7 +194,9 @@ def test_missing_log_dir_warns(tmp_path, workload, func):
     log = str(tmp_path / "nowhere")
     with pytest.warns(TuningLogWarning, match="nowhere"):
         lib = build(func, "x86", tuning_logs=[log])
-    assert_close(*run_prim_func(lib, workload))
+    outs, refs = run_workload(lib, workload)
+    for out, ref in zip(outs, refs):
+        assert_close(out, ref, "float32")
     assert not os.path.exists(log)
 
 
@@ -201,6 +213,7 @@ def test_build_argument_errors(func):
         build(func, "pdp11")
 
 
+@pytest.mark.requires("avx2")
 def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
     """A graph with ``relax.op.nn.layer_norm``, lowered by the topi-bn registration, reaches the
     record tuned for the registry workload of the same shape."""
@@ -221,7 +234,7 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
     assert "no tuning record" not in caplog.text
     ins = workload.random_inputs()
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in ins])
-    assert_close([out.numpy()], workload.reference(*ins))
+    assert_close(out.numpy(), workload.reference(*ins)[0], "float32")
 
 
 #: (shipped log, workload) pairs that must have a record that applies to today's computes.
@@ -276,6 +289,7 @@ def test_shipped_logs_hold_no_dead_records(key):
     assert not dead, f"{key}: records tuned on another compute: {dead[:5]}"
 
 
+@pytest.mark.requires("avx2")
 def test_log_reads_are_reused_until_the_files_change(tmp_path):
     """A build with unchanged logs reuses the last read; a changed or broken log is read (and
     warned about) again."""
@@ -297,3 +311,36 @@ def test_log_reads_are_reused_until_the_files_change(tmp_path):
     for _ in range(2):
         with pytest.warns(TuningLogWarning, match="database_tuning_record.json"):
             load_logs([log], t)
+
+
+@pytest.mark.parametrize("kind", ["primfunc", "relax"])
+def test_build_resolves_the_target_once(monkeypatch, workload, func, kind):
+    """One ``topi_bn.build`` call resolves its target once and computes the target's tuning-log
+    key once (the records' own targets aside): everything below is handed the resolved target."""
+    from topi_bn import targets
+    from topi_bn.build import build
+    from topi_bn.tuning import _relax_module
+
+    named, made, keyed = [], [], []
+    real_named, real_of, real_key = targets._named, targets.ResolvedTarget.of, targets._log_key
+
+    def count_named():  # called once per resolution of a target name
+        named.append(1)
+        return real_named()
+
+    def count_of(cls, t):
+        made.append(t)
+        return real_of(t)
+
+    def count_key(t, family):
+        keyed.append(t)
+        return real_key(t, family)
+
+    monkeypatch.setattr(targets, "_named", count_named)
+    monkeypatch.setattr(targets.ResolvedTarget, "of", classmethod(count_of))
+    monkeypatch.setattr(targets, "_log_key", count_key)
+    mod = func if kind == "primfunc" else _relax_module(workload, "float32")
+    build(mod, "x86-avx2", tuning_logs="shipped")  # built only, never run: any CPU
+    assert len(named) == 1
+    assert len(made) == 1
+    assert sum(t is made[0] for t in keyed) == 1, keyed

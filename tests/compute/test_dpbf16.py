@@ -20,7 +20,6 @@ from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import micro_kernel_ir, native_dpbf16
-from topi_bn.targets import host_can_run
 from topi_bn.testing import assert_close_to_range, run_te
 
 BF16 = "bfloat16"
@@ -96,11 +95,11 @@ def test_pair_packing_round_trip(rng):
     dict(c=6, cb=3, ksz=1, hw=9, k=16, folded=True), dict(c=40, cb=8, hw=8, k=16),
 ], ids=["3x3_bn_residual", "3x3_folded", "3x3_stride2", "1x1", "ow17_one_position_tiles",
         "3x3_stride2_3ch_padded_pair", "1x1_odd_blocks_of_3", "3x3_cb8"])
-def test_matches_float64(rng, case, schedule):
+def test_matches_float64(rng, case, schedule, require):
     """On an AVX2 target the schedule's micro-kernel is the portable one (float32 multiplies and
     adds in vdpbf16ps's order): the kernel, its loops and the pair layout checked here."""
-    if schedule and not host_can_run("x86-avx2")[0]:
-        pytest.skip(host_can_run("x86-avx2")[1])
+    if schedule:
+        require("avx2")
     arrays, opts, expect = _problem(rng, **case)
     ph, out = _kernel(arrays, opts)
     assert out.dtype == BF16
@@ -111,12 +110,12 @@ def test_matches_float64(rng, case, schedule):
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2 portable"])
 @pytest.mark.parametrize("case", [dict(), dict(c=3, cb=3, hw=8, k=16)], ids=["cb16", "cb3"])
-def test_a_wrong_interleave_is_caught(rng, case, schedule):
+def test_a_wrong_interleave_is_caught(rng, case, schedule, require):
     """The check above can fail: the weight's pairs swapped (input channel 2p + 1's weight on
     2p and the reverse, or for an odd block the real weight on the padding channel) is far
     outside the bf16 tolerance."""
-    if schedule and not host_can_run("x86-avx2")[0]:
-        pytest.skip(host_can_run("x86-avx2")[1])
+    if schedule:
+        require("avx2")
     arrays, opts, expect = _problem(rng, swap_pairs=True, **case)
     ph, out = _kernel(arrays, opts)
     (got,) = run_te(ph, out, list(arrays.values()), target="x86-avx2" if schedule else "llvm",

@@ -1,12 +1,11 @@
-"""Shared by test_tune.py and test_build.py: one tiny real tuning run per test session."""
+"""Shared by test_tune.py, test_tune_verify.py and test_build.py: one tiny real tuning run per
+test session."""
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
 import tempfile
-
-import numpy as np
 
 # the smallest registry workload with a multi-block template (5 blocks, several knobs)
 WORKLOAD = "smoke.layer_norm_16x64"
@@ -24,21 +23,10 @@ OTHER_KEY_TARGET = "x86-avx512"
 _CACHE: dict[str, str] = {}
 
 
-def require_target_runs_here(target=TARGET) -> None:
-    """Skip the calling test where this CPU cannot run code built for ``target``."""
-    import pytest
-
-    from topi_bn.targets import host_can_run
-
-    ok, why = host_can_run(target)
-    if not ok:
-        pytest.skip(f"this machine cannot run {target} code: {why}")
-
-
 def tuned_log_dir() -> str:
     """A log directory holding a real ``template``-space tuning of :data:`WORKLOAD` (made once
-    per session; copy it before changing it)."""
-    require_target_runs_here()
+    per session; copy it before changing it). The tests that use it are marked
+    ``@pytest.mark.requires("avx2")``: it is measured on this CPU."""
     if "dir" not in _CACHE:
         from topi_bn.tuning import tune
 
@@ -65,19 +53,3 @@ def dir_digest(path: str) -> dict[str, str]:
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, path)] = hashlib.sha256(fh.read()).hexdigest()
     return out
-
-
-def run_prim_func(lib, workload, dtype="float32"):
-    """Run ``lib["main"]`` on the workload's random inputs; (outputs, float64 references)."""
-    import tvm
-
-    ins = workload.random_inputs(dtype)
-    refs = workload.reference(*ins)
-    outs = [tvm.runtime.tensor(np.zeros(r.shape, dtype)) for r in refs]
-    lib["main"](*[tvm.runtime.tensor(a) for a in ins], *outs)
-    return [o.numpy() for o in outs], refs
-
-
-def assert_close(outs, refs, atol=1e-4, rtol=1e-4):
-    for o, r in zip(outs, refs):
-        np.testing.assert_allclose(o.astype(np.float64), r, atol=atol, rtol=rtol)

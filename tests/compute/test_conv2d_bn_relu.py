@@ -124,20 +124,17 @@ def test_blocks_are_tagged_for_the_schedules():
 
 @pytest.mark.parametrize("activation", ["relu", "relu6"])
 @pytest.mark.parametrize("scheduled", [False, True])
-def test_nan_propagates_through_the_activation(rng, activation, scheduled):
+def test_nan_propagates_through_the_activation(require, rng, activation, scheduled):
     """A NaN input gives NaN outputs where its window reaches, as in PyTorch and ONNX Runtime
     (``max(x, 0)`` in LLVM would turn it into 0); elsewhere the outputs are unchanged."""
     import tvm
-
-    from topi_bn.targets import host_can_run
 
     arrays = _problem(rng, "NCHW", 1, 4, 8, 8, 8, 3, 3, 1, "float32")
     arrays["data"][0, 1, 2, 3] = np.nan
     ph = _placeholders(arrays)
     out = topi_bn.conv2d_bn_relu(*ph.values(), padding=1, activation=activation)
     if scheduled:
-        if not host_can_run("x86-avx2")[0]:
-            pytest.skip("this CPU cannot run x86-avx2 code")
+        require("avx2")
         lib = topi_bn.build(te.create_prim_func(list(ph.values()) + [out]), "x86-avx2",
                             tuning_logs=None)
         res = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], "float32"))

@@ -11,7 +11,7 @@ from tvm import te
 import topi_bn
 from topi_bn import layouts as L
 from topi_bn import reference as ref
-from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.targets import resolve_target
 from topi_bn.testing import assert_close, run_te, to_dtype
 
 
@@ -169,14 +169,9 @@ def test_matches_reference_unscheduled(rng, case, dtype):
     _check(got, arrays, kwargs, dtype)
 
 
-def _need_avx2():
-    if not host_can_run("x86-avx2")[0]:
-        pytest.skip("this CPU cannot run x86-avx2 code")
-
-
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_matches_reference_scheduled_float32(rng, case):
-    _need_avx2()
     arrays, kwargs = _case(rng, case, "float32")
     ph = _placeholders(arrays)
     out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
@@ -185,10 +180,10 @@ def test_matches_reference_scheduled_float32(rng, case):
     _check(got, arrays, kwargs, "float32")
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", [CASES[2], CASES[5]], ids=[CASE_IDS[2], CASE_IDS[5]])
 def test_matches_reference_scheduled_16bit(rng, case, dtype):
-    _need_avx2()
     arrays, kwargs = _case(rng, case, dtype)
     ph = _placeholders(arrays)
     out = _bn_call(topi_bn, ph, dict(kwargs, eps=1e-3))
@@ -198,10 +193,10 @@ def test_matches_reference_scheduled_16bit(rng, case, dtype):
 
 
 @pytest.mark.parametrize("scheduled", [False, True])
-def test_shift_variant_equals_bn_with_scaled_weights(rng, scheduled):
+def test_shift_variant_equals_bn_with_scaled_weights(require, rng, scheduled):
     """conv2d_shift_act_nchwc(x, pack(w * s), t, r) == conv2d_bn_act_nchwc(x, pack(w), ..., r)."""
     if scheduled:
-        _need_avx2()
+        require("avx2")
     n, c, h, w, k, groups, cb, kb = 1, 16, 8, 8, 24, 2, 4, 4
     x = rng.standard_normal((n, c, h, w))
     wt = rng.standard_normal((k, c // groups, 3, 3)) / 6
@@ -237,10 +232,10 @@ def test_reference_is_the_nchw_reference_blocked(rng):
     np.testing.assert_allclose(L.nchwc_to_nchw(got), expect, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("activation", ["relu", "relu6"])
 def test_nan_propagates(rng, activation):
     """A NaN input gives NaN outputs where its window reaches (scheduled kernel)."""
-    _need_avx2()
     arrays = _problem(rng, 1, 8, 8, 8, 8, 3, 1, 8, 8, "float32")
     arrays["data"][0, 0, 2, 3, 1] = np.nan
     ph = _placeholders(arrays)
@@ -411,12 +406,12 @@ def test_template_starts_at_the_default_schedule(depthwise, template_at_default)
         tvm.ir.assert_structural_equal(replay.mod, untuned.mod)
 
 
+@pytest.mark.requires("avx2")
 def test_a_tuning_record_of_a_blocked_workload_applies_in_build(tmp_path):
     """A record of the template (as ``topi-bn tune`` writes it: the trace of the tunable
     schedule with its decisions, keyed by the PrimFunc a build sees) is what ``topi_bn.build``
     compiles for the workload, and the kernel it gives is right. (A real search takes minutes;
     the decisions here are the template's with one knob changed.)"""
-    _need_avx2()
     from tvm.s_tir import meta_schedule as ms
 
     from topi_bn import workloads
@@ -565,6 +560,7 @@ def test_default_tile_prefers_fewer_channel_blocks_at_equal_cost():
     assert (cfg.oc_blocks, cfg.tile_h, cfg.tile_w) == (2, 2, 2)
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("dtype,case",
                          [("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
                          + [("float16", CASES[2])],
@@ -573,7 +569,6 @@ def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case)
     """The schedule with input-channel blocks outermost in a task (``k_outer``: the task's
     output accumulated block by block in a buffer), forced on every conv of the cases (the
     default picks it only for maps and channel counts larger than a test's), against float64."""
-    _need_avx2()
     import dataclasses
 
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
@@ -769,12 +764,12 @@ AVX512_NUMERICS = AVX512_LAYERS[:1] + AVX512_LAYERS[2:-2] + AVX512_LAYERS[-1:] +
 ]
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("name", AVX512_NUMERICS)
 def test_avx512_defaults_match_float64_compiled_for_avx2(name):
     """The kernels a 16-lane build runs, scheduled with the AVX-512 defaults (``x86-avx512``)
     and compiled for AVX2 (LLVM splits each 16-lane vector in two), against the float64
     reference: every tile shape of the defaults, depthwise included."""
-    _need_avx2()
     from topi_bn import workloads
     from topi_bn.build import schedule_prim_func
     from topi_bn.schedules.helpers import cpu_params
@@ -804,12 +799,12 @@ def test_avx512_defaults_match_float64_compiled_for_avx2(name):
     assert_close(got, expect, "float32", scale=2.0)
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("groups,hw", [(8, 14), (4, 7), (2, 28)])
 def test_avx512_grouped_defaults_match_float64_compiled_for_avx2(rng, groups, hw):
     """Grouped convs in blocks of 16 (one, two or four input blocks per group) with the AVX-512
     defaults, compiled for AVX2, against float64 (defaults: 1 block x 14 positions with input
     blocks outermost at 14x14, 1 x 7 at 7x7, 1 x 14 along rows at 28x28)."""
-    _need_avx2()
     case = (f"grouped_g{groups}", (1, 128, hw, hw, 128, 3), groups, (16, 16), 1, 1, 1, "relu",
             True, True)
     arrays, kwargs = _case(rng, case, "float32")

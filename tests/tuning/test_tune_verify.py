@@ -7,12 +7,9 @@ import os
 import pytest
 import tvm
 
-from tuning_helpers import TARGET, WORKLOAD, copy_log, dir_digest, require_target_runs_here
+from tuning_helpers import TARGET, WORKLOAD, copy_log, dir_digest
 
-
-@pytest.fixture(autouse=True)
-def _runs_here():
-    require_target_runs_here()
+pytestmark = pytest.mark.requires("avx2")  # every test measures x86-avx2 code on this CPU
 
 
 def _func_and_mod():

@@ -18,7 +18,6 @@ from topi_bn import reference as ref
 from topi_bn.dtypes import bfloat16_exact, check_dtype, round_to_bfloat16
 from topi_bn.relax.bfloat16 import to_bfloat16
 from topi_bn.relax.registration import kernel_description
-from topi_bn.targets import host_can_run
 from topi_bn.testing import assert_close_to_range, run_te, to_dtype
 
 # AVX2 code runs on every x86 machine of the project
@@ -32,12 +31,6 @@ NETWORK_TOLERANCE = 3e-3
 def _bf16(rng_values):
     """Values rounded to bf16, as float64 (what a bf16 tensor holds)."""
     return np.asarray(round_to_bfloat16(rng_values), np.float64)
-
-
-def _need_avx2():
-    ok, why = host_can_run("x86-avx2")
-    if not ok:
-        pytest.skip(why)
 
 
 # -- rounding and options --------------------------------------------------------------------------
@@ -117,11 +110,11 @@ def _conv_problem(rng, depthwise=False, residual=True, folded=False):
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2"])
 @pytest.mark.parametrize("kind", ["bn", "folded", "depthwise", "no_residual_relu6"])
-def test_blocked_conv_bf16_matches_float64(rng, kind, schedule):
+def test_blocked_conv_bf16_matches_float64(require, rng, kind, schedule):
     """bf16 data, weight and residual; float32 BN parameters or shift; float32 accumulation and
     epilogue; one rounding to the bf16 output."""
     if schedule:
-        _need_avx2()
+        require("avx2")
     arrays, opts = _conv_problem(rng, depthwise=kind == "depthwise",
                                  residual=kind != "no_residual_relu6", folded=kind == "folded")
     act = "relu6" if kind == "no_residual_relu6" else "relu"
@@ -141,11 +134,11 @@ def test_blocked_conv_bf16_matches_float64(rng, kind, schedule):
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2"])
 @pytest.mark.parametrize("tile,folded", [(4, False), (2, True)])
-def test_winograd_bf16_matches_float64(rng, tile, folded, schedule):
+def test_winograd_bf16_matches_float64(require, rng, tile, folded, schedule):
     """bf16 data and residual, the float32 transform of a bf16 weight: the direct conv of the
     bf16 values, to float32 rounding, then one bf16 rounding."""
     if schedule:
-        _need_avx2()
+        require("avx2")
     n, c, h, w, k, cb, kb = 1, 16, 10, 10, 16, 8, 8
     x = to_dtype(L.nchw_to_nchwc(rng.standard_normal((n, c, h, w)), cb), BF16)
     wt = _bf16(rng.standard_normal((k, c, 3, 3)) / 12)

@@ -84,6 +84,7 @@ def test_tune_argument_errors(tmp_path, kwargs, exc, match):
 
 
 # -- what tuning writes -----------------------------------------------------------------------------
+@pytest.mark.requires("avx2")
 def test_tuning_writes_json_database(log_dir):
     import tvm_ffi
 
@@ -102,6 +103,7 @@ def test_tuning_writes_json_database(log_dir):
     assert entry["space"] == "template"
 
 
+@pytest.mark.requires("avx2")
 def test_the_default_schedule_is_always_a_measured_candidate(log_dir):
     """One record of every tuned workload replays to exactly the default schedule, measured by
     the same runner, so the build (which takes the fastest record) never picks a tuned schedule
@@ -133,6 +135,7 @@ def test_the_default_schedule_is_always_a_measured_candidate(log_dir):
                                     sch.mod["main"])
 
 
+@pytest.mark.requires("avx2")
 def test_resume_skips_completed_workloads(tmp_path):
     from topi_bn.tuning import tune
 
@@ -147,6 +150,7 @@ def test_resume_skips_completed_workloads(tmp_path):
     assert after == before
 
 
+@pytest.mark.requires("avx2")
 def test_resume_counts_per_space(tmp_path):
     """The manifest key includes the space: template trials do not complete the auto space."""
     from topi_bn import tuning
@@ -161,6 +165,7 @@ def test_resume_counts_per_space(tmp_path):
     assert auto_key != key and auto_key.replace("|auto|", "|template|") == key
 
 
+@pytest.mark.requires("avx2")
 def test_a_kernel_under_another_name_is_tuned_once(tmp_path):
     """Two networks' identical layers (ResNet-18's stem is ResNet-50's) are one kernel: trials
     logged under one name count for the other, and a run that lists both tunes it once."""
@@ -204,6 +209,7 @@ _MERGER = textwrap.dedent("""
 """ % WORKLOAD)
 
 
+@pytest.mark.requires("avx2")
 def test_two_writers_lose_no_records(tmp_path, log_dir):
     """Two processes merging into one directory at the same time: every record and manifest
     entry arrives (the merge step is what two ``topi-bn tune`` runs share)."""
@@ -223,6 +229,7 @@ def test_two_writers_lose_no_records(tmp_path, log_dir):
     assert not [n for n in os.listdir(dst) if n.startswith(".merge-")]
 
 
+@pytest.mark.requires("avx2")
 def test_merge_refuses_corrupt_log_and_keeps_it(tmp_path, log_dir):
     from topi_bn.tuning import build_visible_mod, workload_prim_func
     from topi_bn.tuning_db import merge_records
@@ -269,6 +276,7 @@ def test_cli_entry_point_exit_code(tmp_path):
     assert not (tmp_path / "l").exists()
 
 
+@pytest.mark.requires("avx2")
 def test_cli_resume_run(tmp_path, capsys):
     """``topi-bn tune`` on a complete log: skips, says so on stdout, exit code 0."""
     from topi_bn.cli import main

@@ -12,7 +12,7 @@ from topi_bn import workloads as W
 from topi_bn.schedules import rules
 from topi_bn.testing import assert_close, run_prim_func
 
-pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
+pytestmark = [pytest.mark.gpu, pytest.mark.requires("gpu"), pytest.mark.cuda]
 
 WORKLOADS = [w.name for w in W.list_workloads("smoke")] + [
     "resnet50.conv7x7_3_64_224_s2_relu",

@@ -10,7 +10,7 @@ from tvm import relax
 
 from topi_bn.layouts import data_index_map
 from topi_bn.schedules.cpu_layout import copy_block, schedule_layout_transform
-from topi_bn.targets import host_can_run, resolve_target
+from topi_bn.targets import resolve_target
 from topi_bn.testing import legalized_prim_func
 
 TARGET = "x86-avx2"  # runs on every x86 host of the project
@@ -39,11 +39,10 @@ CASES = [
 ]
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("shape, cb, direction", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_scheduled_layout_transform_is_an_exact_copy(rng, shape, cb, direction, dtype):
-    if not host_can_run(TARGET)[0]:
-        pytest.skip(f"this CPU cannot run {TARGET} code")
     x = rng.standard_normal(shape).astype(dtype)
     xin, expect = (x, _blocked(x, cb)) if direction == "to_blocked" else (_blocked(x, cb), x)
     body = _to_blocked(cb) if direction == "to_blocked" else _to_nchw(cb)
@@ -68,11 +67,10 @@ def test_small_and_other_ops_are_left_alone():
         assert not schedule_layout_transform(sch, target)
 
 
+@pytest.mark.requires("avx2")
 def test_fused_build_schedules_the_input_transform(rng, scheduled_by):
     """In a ``fused`` build the image's NCHW -> NCHW3c transform before the blocked stem conv
     runs scheduled, and the network's output matches float64."""
-    if not host_can_run(TARGET)[0]:
-        pytest.skip(f"this CPU cannot run {TARGET} code")
     import torch
 
     import topi_bn

@@ -190,4 +190,4 @@ def test_tensorflow_style_is_training_batch_norm(rng):
     assert_close(y, ref[0], "float32", "y")
 
 
-# Whole networks (ResNet-18/50, MobileNetV2) through both import paths: tests/test_models.py.
+# Whole networks (ResNet-18/50, MobileNetV2) through both import paths: tests/relax/test_models.py.

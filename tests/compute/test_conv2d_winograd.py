@@ -1,6 +1,6 @@
 """The Winograd blocked conv (``conv2d_bn_act_winograd_nchwc`` and its folded variant), its
 weight transform and its schedule: numerics against the float64 reference of the direct conv,
-argument errors. Where the graph pass chooses it: tests/test_blocked_layout.py."""
+argument errors. Where the graph pass chooses it: tests/relax/test_blocked_layout.py."""
 from __future__ import annotations
 
 import re
@@ -78,10 +78,9 @@ def test_matches_the_direct_reference_unscheduled(rng, case):
     _run(rng, case, schedule=False)
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_the_direct_reference_scheduled(rng, case):
-    if not host_can_run("x86-avx2")[0]:
-        pytest.skip("this CPU cannot run x86-avx2 code")
     _run(rng, case, schedule=True)
 
 
@@ -259,13 +258,12 @@ def test_registry_has_the_winograd_kernels_a_resnet50_build_runs(block):
                                                       f"resnet50-nchw{block}c-winograd")
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("name", ["resnet50.conv3x3_128_128_28_s1_relu.nchw8c.winograd4",
                                   "resnet50.conv3x3_512_512_7_s1_relu.nchw8c.winograd2.folded"])
 def test_registry_winograd_kernel_matches_its_float64_reference(name):
     """The reference convolves with the 3x3 weight recovered from the transformed one (least
     squares through G), so it checks the kernel against a direct conv."""
-    if not host_can_run("x86-avx2")[0]:
-        pytest.skip("this CPU cannot run x86-avx2 code")
     from topi_bn import workloads as W
 
     w = W.get(name)
@@ -284,11 +282,10 @@ def test_unpacking_the_winograd_weight_recovers_the_3x3_weight(rng, tile):
         L.unpack_winograd_weight(np.zeros((4, 4, 2, 3, 8, 8)), 4)
 
 
+@pytest.mark.requires("avx2")
 def test_a_record_of_the_registry_winograd_kernel_applies_in_a_network_build(tmp_path):
     """A record of the registry's Winograd workload (as ``topi-bn tune`` writes it) is found by
     a fused build of a model with that layer: the workload is the PrimFunc the build sees."""
-    if not host_can_run("x86-avx2")[0]:
-        pytest.skip("this CPU cannot run x86-avx2 code")
     import torch
     from tvm.s_tir import meta_schedule as ms
 
@@ -329,13 +326,12 @@ WINOGRAD16 = ["resnet50.conv3x3_64_64_56_s1_relu.nchw16c.winograd4",
               "resnet50.conv3x3_512_512_7_s1_relu.nchw16c.winograd2.folded"]
 
 
+@pytest.mark.requires("avx2")
 @pytest.mark.parametrize("name", WINOGRAD16)
 def test_avx512_winograd_kernel_matches_float64_compiled_for_avx2(name):
     """The 16-lane Winograd kernels a ResNet build runs on AVX-512 (register tiles of 4 blocks
     x 4-5 tiles), scheduled with the x86-avx512 defaults and compiled for AVX2 (LLVM splits the
     vectors), against the float64 direct conv."""
-    if not host_can_run("x86-avx2")[0]:
-        pytest.skip("this CPU cannot run x86-avx2 code")
     from topi_bn import workloads as W
     from topi_bn.schedules import apply_default_schedules
     from topi_bn.testing import run_prim_func
