@@ -31,7 +31,7 @@ from .relax.params import check_params
 from .schedules import apply_default_schedules
 from .schedules.common import has_topi_bn_blocks
 from .targets import resolve, resolve_target, tuning_log_key
-from .tuning_db import TuningLogWarning, load_logs
+from .tuning_db import TuningLogWarning, build_visible_mod, load_logs
 
 __all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
            "shipped_log_dir", "TuningLogWarning", "BN_MODES", "DTYPES"]
@@ -310,9 +310,7 @@ def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModul
 
 
 def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
-    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
-    mod = _normalize_mod(func)
+    mod = build_visible_mod(func)
     sch = db.query_schedule(mod, resolve_target(target), "main")
     if sch is not None:
         mod = sch.mod

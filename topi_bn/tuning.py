@@ -35,7 +35,7 @@ from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.rules import rules_for
 from .targets import resolve, resolve_target, target_family, tuning_log_key, vector_lanes
-from .tuning_db import merge_records, read_manifest
+from .tuning_db import build_visible_mod, merge_records, read_manifest
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
            "select_workloads", "build_visible_mod", "default_record", "progress_stream"]
@@ -156,13 +156,6 @@ def workload_prim_func(workload, dtype: str = "float32", target=None):
     if len(funcs) != 1:
         raise RuntimeError(f"workload {workload.name}: expected one PrimFunc, got {len(funcs)}")
     return funcs[0]
-
-
-def build_visible_mod(func):
-    """``func`` as the one-function IRModule MetaSchedule stores and queries."""
-    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
-    return _normalize_mod(func)
 
 
 # -- arguments ------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from .targets import resolve, resolve_target, tuning_log_key
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
     "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
-    "record_applies", "run_time",
+    "record_applies", "run_time", "build_visible_mod",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -449,3 +449,11 @@ def drop_records(log_dir: str, mod, drop: Callable[[object], bool]) -> int:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return dropped
+
+
+def build_visible_mod(func):
+    """``func`` as the one-function IRModule MetaSchedule stores and queries (the form a
+    record's workload has; every build, tune and verify path makes it here)."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod  # TVM's own, not exported
+
+    return _normalize_mod(func)

@@ -80,6 +80,7 @@ from ..schedules import apply_default_schedules
 from ..targets import resolve_target, target_family
 from ..testing import error_to_range, TOLERANCES
 from ..tuning import workload_prim_func
+from ..tuning_db import build_visible_mod
 from . import peers
 from .families import OP_FAMILIES
 from .runner import (
@@ -236,10 +237,8 @@ class TopiBnUntuned(OpImpl):
     runtime = "tvm"
     def prepare(self, wl, ctx):
         import tvm
-        from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
         # the one-function module MetaSchedule (and topi_bn.build) makes of a PrimFunc
-        mod = _normalize_mod(kernel_prim_func(wl, ctx.target))
+        mod = build_visible_mod(kernel_prim_func(wl, ctx.target))
         lib = tvm.compile(apply_default_schedules(mod, ctx.target), target=ctx.target)
         return Prepared(*_tvm_runner(lib, wl, ctx.arrays))
 
