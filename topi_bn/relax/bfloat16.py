@@ -60,7 +60,8 @@ from tvm.ir.expr import Constant
 from .. import compute as _computes
 from ..dtypes import bfloat16_exact, round_to_bfloat16
 from .registration import (
-    emit_te, is_registered, kernel_description, legalize_batch_norm, legalize_options,
+    drop_unused_prim_funcs, emit_te, is_registered, kernel_description, legalize_batch_norm,
+    legalize_options,
 )
 
 __all__ = ["ToBFloat16", "to_bfloat16", "CONV_KERNELS", "FLOAT32_REDUCTIONS",
@@ -448,19 +449,7 @@ def to_bfloat16(mod: tvm.IRModule) -> tvm.IRModule:
         return mod
     out = rewriter.builder_.get()
     out = tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
-    return _drop_unused_prim_funcs(out)
-
-
-def _drop_unused_prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
-    used = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            used |= {gv.name_hint for gv in relax.analysis.all_global_vars(func)}
-    out = mod.clone()
-    for gv, f in mod.functions_items():
-        if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used:
-            del out[gv]
-    return out
+    return drop_unused_prim_funcs(out)
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.ToBFloat16")

@@ -62,7 +62,7 @@ from ..layouts import (
     weight_index_map,
 )
 from ..targets import resolve_target, target_family
-from .registration import emit_te, kernel_description
+from .registration import drop_unused_prim_funcs, emit_te, kernel_description
 
 __all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
            "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES", "DPBF16_COMPUTES", "dpbf16_applies"]
@@ -613,20 +613,7 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
         return mod
     out = rewriter.builder_.get()
     out = tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
-    return _drop_unused_prim_funcs(out)
-
-
-def _drop_unused_prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` without the PrimFuncs no function calls any more (the replaced NCHW kernels)."""
-    used = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            used |= {gv.name_hint for gv in relax.analysis.all_global_vars(func)}
-    out = mod.clone()
-    for gv, f in mod.functions_items():
-        if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used:
-            del out[gv]
-    return out
+    return drop_unused_prim_funcs(out)
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.BlockedLayout")

@@ -48,7 +48,7 @@ __all__ = [
     "register", "unregister", "is_registered", "tvm_lowering", "legalize_options",
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
     "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "ACTIVATION_OPS",
-    "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description",
+    "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description", "drop_unused_prim_funcs",
     "StripKernelDescriptions", "emit_te",
 ]
 
@@ -325,3 +325,17 @@ def tvm_lowering() -> Iterator[None]:
     finally:
         if was:
             register()
+
+
+def drop_unused_prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the PrimFuncs no Relax function calls any more (the kernels a graph pass
+    replaced: the blocked layout's NCHW convs, the bf16 pass's float32 kernels)."""
+    used = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            used |= {gv.name_hint for gv in relax.analysis.all_global_vars(func)}
+    out = mod.clone()
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used:
+            del out[gv]
+    return out
