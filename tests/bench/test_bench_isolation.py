@@ -26,28 +26,6 @@ THREAD_VARS = ("TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "OMP_WAIT_POLIC
                "TVM_NUM_THREADS")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    """The benchmark fixes thread counts and variables process-wide; give the other tests
-    theirs back."""
-    import tvm
-
-    env = dict(os.environ)
-    tvm_threads = tvm.get_global_func("runtime.NumThreads")()
-    try:
-        import torch
-
-        torch_threads = torch.get_num_threads()
-    except ImportError:
-        torch, torch_threads = None, None
-    yield
-    os.environ.clear()
-    os.environ.update(env)
-    tvm.get_global_func("runtime.config_threadpool")(0, tvm_threads)
-    if torch is not None:
-        torch.set_num_threads(torch_threads)
-
-
 class Logged(bench.OpImpl):
     """An implementation of runtime ``runtime`` that returns the float64 reference and logs
     every call (name, process id, start and end on the system-wide monotonic clock) to

@@ -16,27 +16,6 @@ from topi_bn import workloads as W
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    """The benchmark runner fixes thread counts process-wide; give the other tests theirs back."""
-    import tvm
-
-    env = dict(os.environ)
-    tvm_threads = tvm.get_global_func("runtime.NumThreads")()
-    try:
-        import torch
-
-        torch_threads = torch.get_num_threads()
-    except ImportError:
-        torch, torch_threads = None, None
-    yield
-    os.environ.clear()
-    os.environ.update(env)
-    tvm.get_global_func("runtime.config_threadpool")(0, tvm_threads)
-    if torch is not None:
-        torch.set_num_threads(torch_threads)
-
-
 def test_timer_and_stats():
     calls = []
     t = bench.time_callable(lambda: calls.append(1), rounds=3, min_round_ms=1.0, warmup=2)
