@@ -20,6 +20,8 @@ record, so a tuned build is never slower than the default as measured while tuni
 # Long because: the tuning loop: selection, progress, manifest, measurement, default record.
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -38,7 +40,8 @@ from .targets import resolve, resolve_target, target_family, tuning_log_key, vec
 from .tuning_db import build_visible_mod, merge_records, read_manifest
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
-           "select_workloads", "build_visible_mod", "default_record", "progress_stream"]
+           "select_workloads", "build_visible_mod", "default_record", "progress_stream",
+           "import_tensor_intrinsics"]
 
 SPACES = ("template", "auto")
 #: Element types ``tune`` tunes for.
@@ -321,6 +324,43 @@ class _QuietMetaSchedule:
         self.handler.close()
 
 
+def import_tensor_intrinsics() -> None:
+    """Import ``tvm.s_tir.tensor_intrin`` (MetaSchedule's ``TuneContext`` does, once per
+    process) in about 4 s instead of 34 (Zen 3).
+
+    Its ~200 TVMScript intrinsics each call ``inspect.stack()``, which looks up the module of
+    every frame; for a frame of a file that does not exist (``<frozen importlib._bootstrap>``,
+    ``<ast>``: a dozen on an import's stack) ``inspect.getmodule`` scans every loaded module
+    (2,000 with TVM and PyTorch) and finds none. During this import those answers are
+    remembered per file name, the same ``None`` each time.
+    """
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    with getmodule_of_sourceless_frames_cached():
+        import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics
+
+
+@contextlib.contextmanager
+def getmodule_of_sourceless_frames_cached():
+    """While open, ``inspect.getmodule`` remembers its answer for frames of files that do not
+    exist (named ``<...>``) per file name (see :func:`import_tensor_intrinsics`)."""
+    scan = inspect.getmodule
+    known: dict[str, object] = {}
+
+    def getmodule(obj, _filename=None):
+        if _filename is None or not _filename.startswith("<") or not inspect.isframe(obj):
+            return scan(obj, _filename)
+        if _filename not in known:
+            known[_filename] = scan(obj, _filename)
+        return known[_filename]
+
+    inspect.getmodule = getmodule
+    try:
+        yield
+    finally:
+        inspect.getmodule = scan
+
+
 def build_candidate(mod, target, _params=None):
     """MetaSchedule builder function: MetaSchedule's ``default_build`` without its
     ``import tvm.s_tir.tensor_intrin``, which costs 15-50 s in every fresh builder worker (the
@@ -502,6 +542,7 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
         else:
             task_func, task_space = strip_rules(func), "post-order-apply"
         state = {"trials": 0, "best": None}
+        import_tensor_intrinsics()  # what TuneContext imports, without its 30 s of inspect
         with tempfile.TemporaryDirectory(prefix="topi_bn_tune_") as work:
             with _QuietMetaSchedule(os.path.join(work, "metaschedule.log")):
                 ctx = ms.TuneContext(

@@ -290,6 +290,43 @@ def test_cli_resume_run(tmp_path, capsys):
     assert "[skip]" in out.err
 
 
+# -- MetaSchedule's tensor intrinsics, imported without inspect's module scans ----------------------
+def test_import_tensor_intrinsics_registers_them_and_restores_inspect():
+    code = textwrap.dedent("""
+        import inspect, sys
+        from topi_bn.tuning import import_tensor_intrinsics
+        scan = inspect.getmodule
+        import_tensor_intrinsics()
+        assert "tvm.s_tir.tensor_intrin" in sys.modules
+        assert inspect.getmodule is scan
+        from tvm.s_tir import TensorIntrin
+        for name in ("dot_16x4_avx512", "dot_16x4_vnni"):
+            assert TensorIntrin.get(name) is not None, name
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_getmodule_answers_are_unchanged_while_cached():
+    import inspect
+
+    from topi_bn.tuning import getmodule_of_sourceless_frames_cached as cached
+
+    scan = inspect.getmodule
+    frames = [f.frame for f in inspect.stack(0)]
+    exec(compile("frames.append(inspect.currentframe())", "<sourceless>", "exec"),
+         {"frames": frames, "inspect": inspect})
+    plain = [inspect.getmodule(f, f.f_code.co_filename) for f in frames]
+    with cached():
+        assert inspect.getmodule is not scan
+        twice = [[inspect.getmodule(f, f.f_code.co_filename) for f in frames] for _ in range(2)]
+    assert twice == [plain, plain]
+    assert inspect.getmodule is scan
+    assert any(f.f_code.co_filename.startswith("<") for f in frames)
+
+
 # -- slow: real tuners ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_auto_space_records_apply_to_annotated_func(tmp_path):
