@@ -21,6 +21,7 @@ record, so a tuned build is never slower than the default as measured while tuni
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
 import os
@@ -337,7 +338,7 @@ def import_tensor_intrinsics() -> None:
     if "tvm.s_tir.tensor_intrin" in sys.modules:
         return
     with getmodule_of_sourceless_frames_cached():
-        import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics
+        importlib.import_module("tvm.s_tir.tensor_intrin")  # registers the intrinsics
 
 
 @contextlib.contextmanager
