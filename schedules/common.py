@@ -20,7 +20,8 @@ from tvm.target import Target
 __all__ = [
     "ScheduleRule", "ANCHORS", "RULE_PREFIX", "CPU_ONLY_OPS", "OUTPUT_BLOCKS", "op_of",
     "is_anchor", "block_rule", "base_name", "block_names", "topi_bn_blocks", "has_topi_bn_blocks",
-    "op_blocks", "stats_blocks", "inline_consumers", "strip_rules", "sole_reduction",
+    "op_blocks", "stats_blocks", "inline_consumers", "reads_at_every_point", "strip_rules",
+    "sole_reduction",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -167,13 +168,15 @@ def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
 
     Only a sole consumer is inlined: TVM 0.27 lets ``reverse_compute_inline`` take one of two
     readers and then leaves the other reading a buffer that no longer exists (``c = conv(x);
-    y = (x + c) + c`` fused into one kernel gave ill-formed TIR)."""
+    y = (x + c) + c`` fused into one kernel gave ill-formed TIR). Nor a consumer that reads one
+    element at many of its points (:func:`reads_at_every_point`)."""
     changed = True
     while changed:
         changed = False
         consumers = sch.get_consumers(block)
         for consumer in consumers if len(consumers) == 1 else ():
-            if block_rule(sch, consumer) is not None:
+            if block_rule(sch, consumer) is not None or \
+                    not reads_at_every_point(sch, block, consumer):
                 continue
             try:
                 sch.reverse_compute_inline(consumer)
@@ -181,6 +184,24 @@ def inline_consumers(sch: tvm.s_tir.Schedule, block) -> None:
                 continue
             changed = True
             break
+
+
+def reads_at_every_point(sch: tvm.s_tir.Schedule, producer, consumer) -> bool:
+    """Every iteration variable of ``consumer`` (of extent > 1) indexes its reads of what
+    ``producer`` writes: it does not broadcast that buffer over an axis. TVM 0.27's
+    ``reverse_compute_inline`` fails with an ``InternalError`` (not a ``ScheduleError``) on a
+    broadcasting reader, such as a squeeze-excitation gate ``x * sigmoid(conv(pool(x)))``
+    fused after the gate's conv."""
+    written = [r.source for r in sch.get(producer).writes]
+    block = sch.get(consumer)
+    used: set = set()
+    for region in block.reads:
+        if any(region.source.same_as(w) for w in written):
+            for rng in region.region:
+                used.update(tvm.tirx.analysis.undefined_vars(rng.min))
+                used.update(tvm.tirx.analysis.undefined_vars(rng.extent))
+    return all(iv.var in used for iv in block.iter_vars
+               if not (isinstance(iv.dom.extent, tvm.tirx.IntImm) and iv.dom.extent.value == 1))
 
 
 def block_names(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:

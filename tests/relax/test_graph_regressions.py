@@ -140,6 +140,75 @@ def test_detach_params_form_is_accepted():
     assert len(by_name) == len(params["main"])
 
 
+# -- blocks of real networks: squeeze-excitation ------------------------------------------------
+def _conv_bn(cin, cout, k, groups=1, act=None):
+    layers = [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False),
+              nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([act()] if act else []))
+
+
+class SqueezeExcitation(nn.Module):
+    def __init__(self, c, reduced, act, gate):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, reduced, 1), nn.Conv2d(reduced, c, 1)
+        self.act, self.gate = act(), gate()
+
+    def forward(self, x):
+        return x * self.gate(self.expand(self.act(self.reduce(F.adaptive_avg_pool2d(x, 1)))))
+
+
+class MBConv(nn.Module):
+    """EfficientNet's block: 1x1 expand -> BN -> SiLU -> depthwise -> BN -> SiLU ->
+    squeeze-excitation (``x * sigmoid(conv(silu(conv(pool(x)))))``) -> 1x1 -> BN, + input.
+    Crashed every fused and folded build (the blocked layout pass multiplied by the gate's
+    NCHW variable, which it had only bound blocked) and every opaque one (the gate's conv
+    kernel inlined the broadcasting multiply: TVM's reverse_compute_inline InternalError)."""
+
+    def __init__(self, c=16, expand=4):
+        super().__init__()
+        h = c * expand
+        self.expand = _conv_bn(c, h, 1, act=nn.SiLU)
+        self.depthwise = _conv_bn(h, h, 3, groups=h, act=nn.SiLU)
+        self.se = SqueezeExcitation(h, c // 4, nn.SiLU, nn.Sigmoid)
+        self.project = _conv_bn(h, c, 1)
+
+    def forward(self, x):
+        return x + self.project(self.se(self.depthwise(self.expand(x))))
+
+
+class MobileNetV3Block(nn.Module):
+    """MobileNetV3's block: hardswish, a 5x5 depthwise conv, a hardsigmoid gate."""
+
+    def __init__(self, c=16, hidden=48, out=24):
+        super().__init__()
+        self.expand = _conv_bn(c, hidden, 1, act=nn.Hardswish)
+        self.depthwise = _conv_bn(hidden, hidden, 5, groups=hidden, act=nn.Hardswish)
+        self.se = SqueezeExcitation(hidden, hidden // 4, nn.ReLU, nn.Hardsigmoid)
+        self.project = _conv_bn(hidden, out, 1)
+
+    def forward(self, x):
+        return self.project(self.se(self.depthwise(self.expand(x))))
+
+
+@pytest.mark.parametrize("block,shape,importer,bn", [
+    (MBConv, (1, 16, 20, 20), "torch.export", "fused"),
+    (MBConv, (1, 16, 20, 20), "onnx", "folded"),
+    (MBConv, (1, 16, 20, 20), "torch.export", "opaque"),
+    (MBConv, (2, 16, 9, 9), "onnx", "fused"),  # a gate per image, blocked
+    (MBConv, (2, 16, 9, 9), "torch.export", "opaque"),
+    (MobileNetV3Block, (1, 16, 17, 17), "torch.export", "fused"),
+    (MobileNetV3Block, (1, 16, 17, 17), "onnx", "opaque"),
+], ids=lambda v: v.__name__ if isinstance(v, type) else str(v).replace(" ", ""))
+def test_squeeze_excitation_blocks(block, shape, importer, bn):
+    torch.manual_seed(3)
+    model = randomize_bn(block(), 3).eval()
+    x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    mod = _exported(model, x) if importer == "torch.export" else \
+        topi_bn.from_onnx(_onnx(model, x))
+    ex = topi_bn.build(mod, TARGET, bn=bn, tuning_logs=None)
+    assert_close(_run(ex, x), _reference(model, x), "float32", f"{importer} bn={bn}", scale=10)
+
+
 # -- graphs the random-graph tester found (shrunk), replayed by its runner -----------------------
 from topi_bn.testing.fuzz import Config, Graph, Node, run_case  # noqa: E402
 

@@ -84,3 +84,20 @@ def test_schedule_modules_import_without_a_circle_or_a_private_name():
 
     assert not [m for m in graph if m in reachable(m)]
     assert graph["helpers"] == set() and graph["common"] == set()
+
+
+def test_reads_at_every_point_refuses_a_broadcasting_reader():
+    """A consumer that reads one element of its producer at many of its points (a gate
+    broadcast over H, W) is not offered to ``reverse_compute_inline``, which TVM 0.27 answers
+    with an InternalError; an elementwise reader is."""
+    from tvm import te
+
+    x = te.placeholder((1, 8, 4, 4), name="x")
+    gate = te.compute((1, 8, 1, 1), lambda n, c, h, w: x[n, c, 0, 0] * 2.0, name="gate")
+    scaled = te.compute((1, 8, 4, 4), lambda n, c, h, w: x[n, c, h, w] * gate[n, c, 0, 0],
+                        name="scaled")
+    doubled = te.compute((1, 8, 1, 1), lambda n, c, h, w: gate[n, c, h, w] + 1.0, name="plus")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, scaled, doubled]))
+    producer = sch.get_sblock("gate")
+    assert not common.reads_at_every_point(sch, producer, sch.get_sblock("scaled"))
+    assert common.reads_at_every_point(sch, producer, sch.get_sblock("plus"))

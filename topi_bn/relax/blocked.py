@@ -406,6 +406,11 @@ class _ToBlocked(relax.PyExprMutator):
             self.set_var_remap(var, self.nchw[var])
         return self.nchw[var]
 
+    def _nchw(self, expr):
+        """``expr`` of the original function as the rewritten one has it in NCHW (a blocked
+        variable converted back: only its blocked twin is bound)."""
+        return self.to_nchw(expr) if isinstance(expr, relax.Var) else self.visit_expr(expr)
+
     @staticmethod
     def _unblock(blk, block: int, shape):
         bshape = _shape(blk)
@@ -493,7 +498,7 @@ class _ToBlocked(relax.PyExprMutator):
             if x not in self.blocked:
                 return False
             block, blk = self.blocked[x]
-            args = [blk] + [self.visit_expr(a) for a in value.args[1:]]
+            args = [blk] + [self._nchw(a) for a in value.args[1:]]
             self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.ty_args),
                                block)
             return True
@@ -542,10 +547,14 @@ class _ToBlocked(relax.PyExprMutator):
             if xs == shape:
                 args.append(None)  # converted below, once all operands are known to fit
             elif xs is not None and int(np.prod(xs)) == 1:
-                args.append(self.visit_expr(x))
-            elif xs is not None and xs[-3:] in ((shape[1], 1, 1),) and len(xs) in (3, 4) \
-                    and (len(xs) == 3 or xs[0] == 1):
-                per_channel = relax.op.reshape(self.visit_expr(x), (1, shape[1], 1, 1))
+                args.append(self._nchw(x))
+            elif xs is not None and len(xs) == 4 and xs[1:] == (shape[1], 1, 1) \
+                    and xs[0] in (1, shape[0]):
+                # one value per channel (and image): (N, C/x, 1, 1, x) broadcasts over H, W;
+                # a squeeze-excitation gate computed blocked stays blocked
+                args.append(self.to_blocked(x, block))
+            elif xs is not None and xs == (shape[1], 1, 1):
+                per_channel = relax.op.reshape(self._nchw(x), (1, shape[1], 1, 1))
                 args.append(self._emit(relax.op.layout_transform(
                     self._emit(per_channel), data_index_map(block))))
             else:

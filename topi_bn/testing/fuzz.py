@@ -3,10 +3,11 @@
 Each graph is a PyTorch model made of the layers whose graph passes break compilers on real
 models (fusion, folding, the blocked layout, parameter binding): conv2d (kernel 1/3/5/7, stride
 1/2, dilation, groups and depthwise, bias or not, asymmetric padding), conv_transpose2d,
-batch-norm in eval mode with random statistics and in train mode, ReLU / ReLU6 / none,
-residual adds (of raw conv outputs, batch-norm outputs, block inputs), concat, max / average /
-global pooling, flatten + linear + BatchNorm1d, a conv applied twice (shared weights), several
-outputs and layers whose result is never used. It is imported through ``torch.export`` or ONNX
+batch-norm in eval mode with random statistics and in train mode, ReLU / ReLU6 / sigmoid /
+SiLU / hardswish / hardsigmoid / GELU / leaky ReLU / none, residual adds (of raw conv outputs,
+batch-norm outputs, block inputs), concat, max / average / global pooling, squeeze-excitation
+gates (``x * sigmoid(conv(act(conv(pool(x)))))``), flatten + linear + BatchNorm1d, a conv
+applied twice (shared weights), several outputs and layers whose result is never used. It is imported through ``torch.export`` or ONNX
 (constants, or kept parameters passed as ``params=``), built by :func:`topi_bn.build` in one
 ``bn`` mode and ``layout`` (:class:`Config`), run, and every output compared with the model run
 by PyTorch eager in float64: the error relative to the output's range must stay within
@@ -59,6 +60,9 @@ RELATIVE_TOLERANCE = {"float32": 1e-4}
 EAGER_FACTOR = 10.0
 
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
+#: activations beside ReLU and ReLU6 (three spellings): node op -> its torch.nn.functional name
+UNARY = {"sigmoid": "sigmoid", "silu": "silu", "hardswish": "hardswish",
+         "hardsigmoid": "hardsigmoid", "gelu": "gelu", "leaky_relu": "leaky_relu"}
 LAYOUTS = ("auto", "keep")
 IMPORTERS = ("torch.export", "onnx", "onnx-params")
 
@@ -192,10 +196,12 @@ def model_of(graph: Graph):
                 how = a.get("how", "relu6")
                 return F.relu6(xs[0]) if how == "relu6" else torch.clamp(xs[0], 0, 6) \
                     if how == "clamp" else F.hardtanh(xs[0], 0.0, 6.0)
-            if op == "sigmoid":
-                return torch.sigmoid(xs[0])
+            if op in UNARY:
+                return getattr(F, UNARY[op])(xs[0])
             if op == "add":
                 return xs[0] + xs[1]
+            if op == "mul":  # the second operand may broadcast (a squeeze-excitation gate)
+                return xs[0] * xs[1]
             if op == "concat":
                 return torch.cat(xs, dim=1)
             if op == "maxpool":
@@ -249,8 +255,10 @@ def _shape_of(node: Node, ins: list) -> tuple[int, ...]:
     if op == "conv_transpose":
         k, st, p, op_ = a["k"], a["stride"], a["padding"], a["output_padding"]
         return (s[0], a["out"]) + tuple((s[2 + i] - 1) * st - 2 * p + k + op_ for i in range(2))
-    if op in ("bn", "bn1d", "relu", "relu6", "sigmoid", "add"):
+    if op in ("bn", "bn1d", "relu", "relu6", "add") or op in UNARY:
         return s
+    if op == "mul":
+        return tuple(int(d) for d in np.broadcast_shapes(*ins))
     if op == "pad":
         left, right, top, bottom = a["pad"]
         return (s[0], s[1], s[2] + top + bottom, s[3] + left + right)
@@ -322,10 +330,15 @@ def _conv_transpose_node(rng, src: int, s) -> Node | None:
 
 
 def _act_node(rng, src: int) -> Node:
-    op = _pick(rng, ("relu", "relu", "relu6", "relu6", "sigmoid"))
+    op = _pick(rng, ("relu", "relu", "relu", "relu6", "relu6", "relu6") + tuple(UNARY))
     if op == "relu6":
         return Node(op, (src,), (("how", _pick(rng, ("relu6", "clamp", "hardtanh"))),))
     return Node(op, (src,))
+
+
+def _pointwise_conv(src: int, out: int) -> Node:
+    return Node("conv", (src,), (("out", out), ("k", 1), ("stride", 1), ("padding", (0, 0)),
+                                 ("dilation", 1), ("groups", 1), ("bias", True)))
 
 
 def _bn_node(rng, src: int, op: str = "bn", train_ok: bool = True) -> Node:
@@ -435,13 +448,18 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
                 if op == "avgpool":
                     attrs.append(("include_pad", bool(rng.random() < 0.5)))
                 add(Node(op, (src,), tuple(attrs)), "pool")
-            elif r < 0.92:  # global pool, then maybe an SE-like 1x1 conv
+            elif r < 0.92:  # global pool, then maybe an SE-like 1x1 conv or a whole SE gate
                 i = add(Node("gap", (src,), (("how", _pick(rng, ("adaptive", "mean"))),)),
                         "pool")
-                if rng.random() < 0.4:
-                    add(Node("conv", (i,), (("out", s[1]), ("k", 1), ("stride", 1),
-                                            ("padding", (0, 0)), ("dilation", 1),
-                                            ("groups", 1), ("bias", True))), "conv")
+                u = rng.random()
+                if u < 0.3:
+                    add(_pointwise_conv(i, s[1]), "conv")
+                elif u < 0.8:  # x * gate(conv(act(conv(pool(x))))): EfficientNet, MobileNetV3
+                    i = add(_pointwise_conv(i, max(1, s[1] // 4)), "conv")
+                    i = add(Node(_pick(rng, ("relu", "silu", "hardswish")), (i,)), "act")
+                    i = add(_pointwise_conv(i, s[1]), "conv")
+                    i = add(Node(_pick(rng, ("sigmoid", "hardsigmoid")), (i,)), "act")
+                    add(Node("mul", (src, i) if rng.random() < 0.8 else (i, src)), "mul")
             else:  # the head: global pool (or not), flatten, linear [-> BatchNorm1d] [-> act]
                 how = _pick(rng, ("adaptive", "mean2d", "none"))
                 if how == "none" and int(np.prod(s[1:])) > 512:
@@ -637,7 +655,12 @@ def _without(graph: Graph, k: int) -> Graph | None:
     outputs = tuple(dict.fromkeys(remap(j) for j in graph.outputs))
     if any(j == 0 for j in outputs) and len(nodes) == 0:
         return None
-    return dataclasses.replace(graph, nodes=tuple(nodes), outputs=outputs)
+    smaller = dataclasses.replace(graph, nodes=tuple(nodes), outputs=outputs)
+    try:
+        _shapes(smaller)
+    except ValueError:  # operands that no longer broadcast
+        return None
+    return smaller
 
 
 def _candidates(graph: Graph):
