@@ -397,7 +397,8 @@ class _ToBlocked(relax.PyExprMutator):
         return self.builder_.emit(expr, name_hint=name) if name else self.builder_.emit(expr)
 
     def to_nchw(self, var):
-        """``var``'s value in NCHW (its own variable unless it was blocked)."""
+        """``var``'s value in NCHW (its own variable unless it was blocked: only its blocked
+        twin is bound; any other expression is just visited)."""
         if var not in self.blocked:
             return self.visit_expr(var)
         if var not in self.nchw:
@@ -405,11 +406,6 @@ class _ToBlocked(relax.PyExprMutator):
             self.nchw[var] = self._emit(self._unblock(blk, block, _shape(var)), var.name)
             self.set_var_remap(var, self.nchw[var])
         return self.nchw[var]
-
-    def _nchw(self, expr):
-        """``expr`` of the original function as the rewritten one has it in NCHW (a blocked
-        variable converted back: only its blocked twin is bound)."""
-        return self.to_nchw(expr) if isinstance(expr, relax.Var) else self.visit_expr(expr)
 
     @staticmethod
     def _unblock(blk, block: int, shape):
@@ -498,7 +494,7 @@ class _ToBlocked(relax.PyExprMutator):
             if x not in self.blocked:
                 return False
             block, blk = self.blocked[x]
-            args = [blk] + [self._nchw(a) for a in value.args[1:]]
+            args = [blk] + [self.to_nchw(a) for a in value.args[1:]]
             self._bind_blocked(var, relax.Call(value.op, args, value.attrs, value.ty_args),
                                block)
             return True
@@ -547,14 +543,14 @@ class _ToBlocked(relax.PyExprMutator):
             if xs == shape:
                 args.append(None)  # converted below, once all operands are known to fit
             elif xs is not None and int(np.prod(xs)) == 1:
-                args.append(self._nchw(x))
+                args.append(self.to_nchw(x))
             elif xs is not None and len(xs) == 4 and xs[1:] == (shape[1], 1, 1) \
                     and xs[0] in (1, shape[0]):
                 # one value per channel (and image): (N, C/x, 1, 1, x) broadcasts over H, W;
                 # a squeeze-excitation gate computed blocked stays blocked
                 args.append(self.to_blocked(x, block))
             elif xs is not None and xs == (shape[1], 1, 1):
-                per_channel = relax.op.reshape(self._nchw(x), (1, shape[1], 1, 1))
+                per_channel = relax.op.reshape(self.to_nchw(x), (1, shape[1], 1, 1))
                 args.append(self._emit(relax.op.layout_transform(
                     self._emit(per_channel), data_index_map(block))))
             else:
