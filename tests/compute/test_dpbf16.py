@@ -195,16 +195,20 @@ def test_refuses_float32_and_odd_blocks():
 torch = pytest.importorskip("torch")
 
 
-def _moded_net():
+def _half_resnet18():
+    """A half-width ResNet-18 (32x32 input) imported through torch.export."""
     from topi_bn.testing.models import randomize_bn, resnet18
 
     torch.manual_seed(0)
     net = randomize_bn(resnet18(width=0.5), 0).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mod = topi_bn.from_exported_program(
+        return topi_bn.from_exported_program(
             torch.export.export(net, (torch.randn(1, 3, 32, 32),)), keep_buffer_updates=False)
-    return topi_bn.apply_bn_mode(mod, "fused")
+
+
+def _moded_net():
+    return topi_bn.apply_bn_mode(_half_resnet18(), "fused")
 
 
 def _kernels(mod):
@@ -291,15 +295,8 @@ def _asm(ex) -> str:
 
 def test_network_compiles_for_sapphirerapids():
     """A whole bf16 ResNet-18 (half width) built for Sapphire Rapids: compiled, never run."""
-    from topi_bn.testing.models import randomize_bn, resnet18
-
-    torch.manual_seed(0)
-    net = randomize_bn(resnet18(width=0.5), 0).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = topi_bn.from_exported_program(
-            torch.export.export(net, (torch.randn(1, 3, 32, 32),)), keep_buffer_updates=False)
-    asm = _asm(topi_bn.build(mod, _target("sapphirerapids"), dtype=BF16, tuning_logs=None))
+    asm = _asm(topi_bn.build(_half_resnet18(), _target("sapphirerapids"), dtype=BF16,
+                             tuning_logs=None))
     assert asm.count("vdpbf16ps") > 0
     # the micro-kernel is inlined everywhere: a call would be to a symbol no module defines
     assert not re.search(r"call\w*\s+tb_dpbf16", asm)

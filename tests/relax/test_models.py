@@ -142,6 +142,16 @@ def _quirks_net():
     return randomize_bn(Quirks()).eval()
 
 
+def _onnx_unfolded(net, x):
+    """``net`` exported to ONNX without constant folding (its Pad subgraphs kept)."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), buf, dynamo=False, opset_version=17,
+                          do_constant_folding=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
 @pytest.fixture(scope="module")
 def quirks():
     net = _quirks_net()
@@ -149,12 +159,7 @@ def quirks():
                          .astype("float32"))
     with torch.no_grad():
         ref = net(x).numpy()
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (x,), buf, dynamo=False, opset_version=17,
-                          do_constant_folding=False)
-    model = onnx.load_from_string(buf.getvalue())
+    model = _onnx_unfolded(net, x)
     assert "Pad" in [n.op_type for n in model.graph.node]
     mods = {"torch.export": tr.from_exported_program(torch.export.export(net, (x,)),
                                                      keep_buffer_updates=False),
@@ -177,12 +182,6 @@ def test_biases_pads_and_relu6_of_both_exporters(quirks, path, bn):
 
 def test_onnx_pad_subgraph_without_folding_fails_with_advice():
     net = _quirks_net()
-    x = torch.zeros((1, 3, 7, 9))
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (x,), buf, dynamo=False, opset_version=17,
-                          do_constant_folding=False)
-    model = onnx.load_from_string(buf.getvalue())
+    model = _onnx_unfolded(net, torch.zeros((1, 3, 7, 9)))
     with pytest.raises(ValueError, match="TVM's ONNX importer failed"):
         tr.from_onnx(model, fold_constants=False)
