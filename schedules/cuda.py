@@ -652,9 +652,13 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
         sch.bind(r_t, red_tag)
     _guard(sch, mean_global, [(red_tag, red_threads)])
 
-    # kernel 3: per-channel results, one thread per channel
-    per_channel = [b[n] for n in ("bn_var", "bn_scale", "bn_batch_mean", "bn_batch_var",
-                                  "bn_running_mean", "bn_running_var") if n in b]
+    # kernel 3: per-channel results, one thread per channel. TVM's merge puts the merged loop
+    # where the last loop given was, and the bodies in the order given: the scale (which comes
+    # before the normalization) goes last, so the kernel runs ahead of the normalization that
+    # reads the scale; the variance, which the others read, goes first.
+    # (topi_bn.testing.schedule_order checks the order for every workload.)
+    per_channel = [b[n] for n in ("bn_var", "bn_batch_mean", "bn_batch_var", "bn_running_mean",
+                                  "bn_running_var", "bn_scale") if n in b]
     loop = sch.merge(*[sch.get_loops(blk)[0] for blk in per_channel])
     c_b, c_t = sch.split(loop, [None, _divisor_at_most(channels, limits.block_threads)])
     _bind(sch, [(c_b, "blockIdx.x"), (c_t, "threadIdx.x")])

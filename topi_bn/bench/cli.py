@@ -302,7 +302,9 @@ def run_gpu_bench(args: argparse.Namespace, *, impls=None, target=None,
     dtypes = tuple(args.dtype or (("float32", "float16") if args.quick or smoke
                                   else gpu.GPU_DTYPES))
     set_threads(cfg.threads, cfg.spin_wait)
-    machine = machine_info(None, cfg.target if target is None else target)
+    if target is None:  # "cuda": this GPU's arch, for the kernels and the report alike
+        target = resolve_bench_target(cfg.target, 1)
+    machine = machine_info(None, target)
     progress(f"topi-bn bench (GPU): {len(wls)} workloads x {len(dtypes)} dtypes x "
              f"{len(cfg.impls or gpu.GPU_IMPLEMENTATIONS)} implementations, target "
              f"{cfg.target}")
