@@ -500,6 +500,12 @@ def _chunk_passes(sch, st: dict, loop, vector: bool = False) -> None:
             sch.vectorize(lv)
 
 
+def _serial_constant(sch, loop) -> bool:
+    """A plain loop (not bound to a thread, not a vector) of constant extent."""
+    f = sch.get(loop)
+    return f.kind == tvm.tirx.ForKind.SERIAL and isinstance(f.extent, tvm.tirx.IntImm)
+
+
 def _bind(sch, pairs) -> None:
     for loop, tag in pairs:
         sch.bind(loop, tag)
@@ -789,6 +795,12 @@ def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     sch.vectorize(g_v)
     for blk in outs[1:]:  # mean and rstd, one writer per row
         _guard(sch, blk, [("threadIdx.x", tx), ("threadIdx.y", ty)])
+    # unrolled, the passes and the normalization index the thread's values with constants: nvcc
+    # keeps them in registers and reads global memory once (rolled, it re-read them each pass)
+    for blk in (st["chunk", "mean"], st["chunk", "lo"], st["chunk", "sq"], norm):
+        for loop in sch.get_loops(blk):
+            if _serial_constant(sch, loop):
+                sch.unroll(loop)
     _schedule_leftovers(sch, norm, limits.block_threads)
 
 
