@@ -247,14 +247,16 @@ def test_metaschedule_tunes_the_template(tmp_path, meta_schedule_logger_without_
 
     from topi_bn.tuning import import_tensor_intrinsics
 
-    import_tensor_intrinsics()  # what tune_tir's TuneContext imports, 30 s faster
+    import_tensor_intrinsics()  # what tune_tir's TuneContext and the builder import, 30 s faster
     w = CASES[0]
     target = resolve_target("x86")
     mod = tvm.IRModule({"main": w.prim_func()})
     # generous timeouts: the builder's worker imports TVM, slow on a loaded 2-core machine
-    db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
+    db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
                      space=rules.template_space(target), num_tuning_cores=2, seed=0,
-                     builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=300),
+                     strategy=ms.search_strategy.EvolutionarySearch(population_size=64),
+                     builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=300,
+                                                     initializer=import_tensor_intrinsics),
                      runner=ms.runner.LocalRunner(timeout_sec=120))
     assert len(db.get_all_tuning_records()) > 0
     sch = ms.tir_integration.compile_tir(db, mod, target)

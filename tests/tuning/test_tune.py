@@ -359,6 +359,15 @@ def test_two_concurrent_tuners(tmp_path):
     assert len(_records(log)) == sum(e["trials"] + 1 for e in manifest.values())
 
 
+def test_search_population_follows_the_budget():
+    """MetaSchedule's 512 candidates per round from 16 trials up; fewer for a smaller budget;
+    an explicit population wins."""
+    from topi_bn.tuning import TuneConfig
+
+    assert [TuneConfig().population_for(t) for t in (1, 2, 4, 16, 1000)] == [64, 64, 128, 512, 512]
+    assert TuneConfig(population=100).population_for(2) == 100
+
+
 @pytest.mark.parametrize("flush", [True, False])
 def test_local_runner_times_candidates_as_in_a_network(flush):
     """Candidates are timed as ``--verify`` times them: caches flushed before every call but for
