@@ -13,7 +13,7 @@ import topi_bn
 from topi_bn import workloads as W
 from topi_bn.schedules import common, cuda, rules
 from topi_bn.targets import resolve_target
-from topi_bn.testing import cuda_races
+from topi_bn.testing import cuda_races, workload_symbol, workloads_module
 from tvm.script import tirx as T
 
 pytestmark = pytest.mark.cuda
@@ -32,19 +32,6 @@ REPRESENTATIVE = (
     "layer_norm.128x768",
     "layer_norm.512x4096",                    # one row per block
 )
-
-
-def _func_name(workload_name: str) -> str:
-    return re.sub(r"\W", "_", workload_name)
-
-
-def _module(names, dtype: str) -> tvm.IRModule:
-    """One PrimFunc per workload, each under its own name (one nvcc run compiles them all)."""
-    funcs = {}
-    for name in names:
-        fname = _func_name(name)
-        funcs[fname] = W.get(name).prim_func(dtype).with_attr("global_symbol", fname)
-    return tvm.IRModule(funcs)
 
 
 def _source(mod: tvm.IRModule, target) -> str:
@@ -66,7 +53,7 @@ def _kernels(src: str) -> dict[str, tuple[int, str, str]]:
 
 
 def _kernels_of(kernels: dict, workload_name: str) -> dict:
-    prefix = _func_name(workload_name) + "_kernel"
+    prefix = workload_symbol(workload_name) + "_kernel"
     return {k: v for k, v in kernels.items() if k == prefix or k.startswith(prefix + "_")}
 
 
@@ -87,7 +74,7 @@ def built(request):
     arch, dtype = request.param
     target = resolve_target(ARCHS[arch])
     names = [w.name for w in W.list_workloads("smoke")] + list(REPRESENTATIVE)
-    mod = rules.apply_default_schedules(_module(names, dtype), target)
+    mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
     assert cuda.verify_gpu(mod, target)
     src = _source(mod, target)
     return arch, dtype, target, src, _kernels(src)
@@ -463,7 +450,7 @@ def test_layer_norm_reads_each_value_once(name, dtype):
     from tvm.support import nvcc
 
     target = resolve_target("cuda-sm90")
-    mod = rules.apply_default_schedules(_module([name], dtype), target)
+    mod = rules.apply_default_schedules(workloads_module([name], dtype), target)
     with target:
         ptx = bytes(nvcc.compile_cuda(_source(mod, target), target_format="ptx", arch="sm_90",
                                       compiler="nvcc")).decode()
@@ -489,7 +476,7 @@ def test_a_smaller_target_gets_smaller_kernels():
                                 "max_shared_memory_per_block": 16384}, host={"kind": "llvm"})
     names = ["resnet50.conv3x3_64_64_56_s1_relu", "bn_train.nhwc_8x256x28x28",
              "layer_norm.512x4096", "smoke.layer_norm_16x64"]
-    mod = rules.apply_default_schedules(_module(names, "float32"), target)
+    mod = rules.apply_default_schedules(workloads_module(names, "float32"), target)
     assert cuda.verify_gpu(mod, target)
     kernels = _kernels(_source(mod, target))
     assert max(b for b, _, _ in kernels.values()) <= 128
@@ -594,7 +581,7 @@ def test_every_registry_workload_compiles_to_ptx(arch, dtype):
 
     target = resolve_target(ARCHS[arch])
     names = [w.name for w in W.list_workloads()]
-    mod = rules.apply_default_schedules(_module(names, dtype), target)
+    mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
     src = _source(mod, target)
     with target:
         ptx = bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,

@@ -5,6 +5,7 @@ compared with the float64 reference after the inputs were rounded to the tested 
 """
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ from topi_bn.targets import resolve_target
 
 __all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
            "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
-           "assert_close_to_range", "run_workload"]
+           "assert_close_to_range", "run_workload", "workload_symbol", "workloads_module"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
@@ -105,6 +106,23 @@ def run_prim_func(lib, inputs: Sequence[np.ndarray], output_shapes_dtypes, devic
             for shape, dtype in output_shapes_dtypes]
     lib[func_name](*args, *outs)
     return [o.numpy() for o in outs]
+
+
+def workload_symbol(workload_name: str) -> str:
+    """The function name of a registry workload in :func:`workloads_module`."""
+    return re.sub(r"\W", "_", workload_name)
+
+
+def workloads_module(names: Sequence[str], dtype: str):
+    """One PrimFunc per registry workload, each under :func:`workload_symbol` of its name: a
+    module that one compile (one nvcc run for CUDA) builds for all of them; call one with
+    :func:`run_prim_func`'s ``func_name``."""
+    import tvm
+
+    from topi_bn import workloads as W
+
+    return tvm.IRModule({workload_symbol(n): W.get(n).prim_func(dtype).with_attr(
+        "global_symbol", workload_symbol(n)) for n in names})
 
 
 def run_workload(lib, workload, dtype: str = "float32", device=None):
