@@ -10,7 +10,8 @@ from tvm import te
 import topi_bn
 from topi_bn import workloads as W
 from topi_bn.schedules import rules
-from topi_bn.testing import assert_close, run_prim_func, workload_symbol, workloads_module
+from topi_bn.testing import (assert_close, run_prim_func, run_workload, workload_symbol,
+                             workloads_module)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires("gpu"), pytest.mark.cuda]
 
@@ -39,10 +40,6 @@ def _run(te_inputs, te_outputs, target, inputs):
     lib = tvm.compile(mod, target=target)
     outs = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in te_outputs]
     return run_prim_func(lib, inputs, outs, device=tvm.cuda(0))
-
-
-def _outputs(w: W.Workload, dtype: str) -> list[tuple[tuple[int, ...], str]]:
-    return [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in w.compute(*w.te_args(dtype))]
 
 
 def _run_workload(w: W.Workload, dtype: str, target, inputs):
@@ -94,10 +91,8 @@ def test_every_registry_workload_matches_reference(dtype):
     lib = tvm.compile(rules.apply_default_schedules(workloads_module(names, dtype), target),
                       target=target)
     for w in W.list_workloads():
-        inputs = w.random_inputs(dtype, seed=2)
-        expect = w.reference(*inputs)
-        got = run_prim_func(lib, inputs, _outputs(w, dtype), device=tvm.cuda(0),
-                            func_name=workload_symbol(w.name))
+        got, expect = run_workload(lib, w, dtype, tvm.cuda(0), seed=2,
+                                   func_name=workload_symbol(w.name))
         for i, (g, e) in enumerate(zip(got, expect)):
             assert_close(g, e, dtype, name=f"{w.name} output {i}", scale=_scale(w))
 

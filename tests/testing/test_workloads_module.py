@@ -6,7 +6,7 @@ import tvm
 from topi_bn import workloads as W
 from topi_bn.schedules import rules
 from topi_bn.targets import resolve_target
-from topi_bn.testing import assert_close, run_prim_func, workload_symbol, workloads_module
+from topi_bn.testing import assert_close, run_workload, workload_symbol, workloads_module
 
 
 def test_each_workload_of_one_module_runs_by_name():
@@ -15,12 +15,8 @@ def test_each_workload_of_one_module_runs_by_name():
     lib = tvm.compile(rules.apply_default_schedules(workloads_module(names, "float32"), target),
                       target=target)
     for name in names:
-        w = W.get(name)
-        inputs = w.random_inputs("float32", seed=3)
-        expect = w.reference(*inputs)
-        outs = [(tuple(int(d) for d in t.shape), str(t.dtype))
-                for t in w.compute(*w.te_args("float32"))]
-        got = run_prim_func(lib, inputs, outs, func_name=workload_symbol(name))
+        got, expect = run_workload(lib, W.get(name), "float32", seed=3,
+                                   func_name=workload_symbol(name))
         for i, (g, e) in enumerate(zip(got, expect)):
             assert_close(g, e, "float32", name=f"{name} output {i}")
 

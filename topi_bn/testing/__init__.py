@@ -125,18 +125,21 @@ def workloads_module(names: Sequence[str], dtype: str):
         "global_symbol", workload_symbol(n)) for n in names})
 
 
-def run_workload(lib, workload, dtype: str = "float32", device=None):
-    """Run ``lib["main"]``, built from the PrimFunc of ``workload`` (a
-    :class:`topi_bn.workloads.Workload`), on the workload's random ``dtype`` inputs.
+def run_workload(lib, workload, dtype: str = "float32", device=None, seed: int = 0,
+                 func_name: str = "main"):
+    """Run ``lib[func_name]``, built from the PrimFunc of ``workload`` (a
+    :class:`topi_bn.workloads.Workload`), on the workload's random ``dtype`` inputs of ``seed``
+    (in a :func:`workloads_module` build, ``func_name`` is :func:`workload_symbol` of its name).
 
     Returns
     -------
     (list of np.ndarray, list of np.ndarray)
         The outputs and their float64 references, for :func:`assert_close`.
     """
-    inputs = workload.random_inputs(dtype)
+    inputs = workload.random_inputs(dtype, seed)
     refs = workload.reference(*inputs)
-    return run_prim_func(lib, inputs, [(r.shape, dtype) for r in refs], device), refs
+    return run_prim_func(lib, inputs, [(r.shape, dtype) for r in refs], device,
+                         func_name), refs
 
 
 def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",

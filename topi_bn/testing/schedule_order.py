@@ -36,7 +36,7 @@ def reads_before_writes(mod: tvm.IRModule | tirx.PrimFunc) -> list[str]:
         for blk in blocks:
             own = [w.source for w in blk.writes]
             for region in blk.reads:
-                buf = region.source  # a block's read or write region names its buffer so
+                buf = region.source  # the buffer of the read region
                 if (_member(buf, allocated) and not _member(buf, written)
                         and not _member(buf, own)):
                     found.append(f"{name}: block {blk.name_hint} reads {buf.name} before any "
