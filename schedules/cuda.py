@@ -188,6 +188,14 @@ def _unroll(sch, loop, max_step) -> None:
         sch.annotate(loop, "pragma_unroll_explicit", 1)
 
 
+def _unroll_part(sch, loop, step: int) -> None:
+    """Unroll a serial loop by (a divisor of its extent up to) ``step``: that many independent
+    loads in flight per thread where the loop's steps would each wait on memory."""
+    d = _divisor_at_most(extent(sch, loop), step)
+    if d > 1:
+        sch.unroll(sch.split(loop, [None, d])[1])
+
+
 # --------------------------------------------------------------------------------------------
 # conv2d + BN + activation
 # --------------------------------------------------------------------------------------------
@@ -481,9 +489,9 @@ def _stat_extents(sch, st: dict) -> tuple[int, int, int]:
 def _guard(sch, block, threads: list) -> None:
     """Run ``block`` on one thread of each ``(tag, extent)`` in ``threads``: a unit loop padded
     to the extent and bound to the thread index becomes ``if threadIdx.* < 1``."""
-    for tag, extent in threads:
+    for tag, n in threads:
         unit = sch.add_unit_loop(block)
-        _, inner = sch.split(unit, [None, extent])
+        _, inner = sch.split(unit, [None, n])
         sch.bind(inner, tag)
 
 
@@ -528,8 +536,15 @@ def _partials(sch, block, ty: int) -> tuple:
     (its first loop goes to ``threadIdx.y``) and a copy of it to shared memory, and ``block`` then
     adds the ``ty`` partials up on every thread, into its (register) output. The partials are read
     at other indices than they are written, so ThreadSync puts a __syncthreads() between.
-    Returns the partial-sum block and its copy."""
-    _split_rows(sch, sch.get_loops(block)[-1], ty)
+    Returns the partial-sum block and its copy.
+
+    ``ty`` must divide the reduction: rfactor over a padded split leaves partials that no
+    thread writes and the sum reads (an H200 read them past the end of the shared buffer)."""
+    loop = sch.get_loops(block)[-1]
+    if extent(sch, loop) % ty:
+        raise ValueError(f"_partials: {ty} threads do not divide a reduction of "
+                         f"{extent(sch, loop)}")
+    _split_rows(sch, loop, ty)
     rf = sch.rfactor(sch.get_loops(block)[-2], 0)
     sch.set_scope(rf, 0, "local")
     copy = sch.cache_read(block, 0, "shared")
@@ -555,21 +570,30 @@ class BatchNormTrainKnobs:
     contiguous axis (the groups ``g`` for channel-major data, the channels for channels-last
     data) times ``ty`` threads along the chunk rows ``j``; each thread keeps ``G / ty`` chunk
     states in registers and the group statistics are reduced over ``threadIdx.y``. The totals
-    per channel then reduce the ``K`` group results with ``total_threads`` threads (channel-major)
-    or ``tx`` channels x ``ty`` threads (channels last); the per-channel results and the
-    normalization follow.
+    then reduce the ``groups`` results of each channel with ``total_threads`` threads along the
+    groups and ``total_tx`` channels per block: one channel (channel-major), or a few (channels
+    last: 8 consecutive floats are a full 32-byte sector) with up to 512 threads a block, so
+    that each thread's serial part, which waits on L2 latency, is short (on an H200, 32 channels
+    x 8 threads, 2 blocks of 224 steps: 62 us; 8 channels x 64 threads, 8 blocks of 28 steps
+    unrolled by 7: 16 us). The per-channel results and the normalization follow.
     """
 
     tx: int
     ty: int
+    total_tx: int
     total_threads: int
 
     @classmethod
-    def default(cls, groups: int, chunk_rows: int, fast: int, limits: GpuLimits):
+    def default(cls, groups: int, chunk_rows: int, fast: int, channel_last: bool,
+                limits: GpuLimits):
         tx = _divisor_at_most(fast, limits.warp)
         ty = _divisor_at_most(chunk_rows, max(1, limits.block_threads // tx))
-        total = _divisor_at_most(groups, limits.block_threads)
-        return cls(tx=tx, ty=ty, total_threads=total)
+        if channel_last:
+            total_tx = _divisor_at_most(fast, 8)
+            total = _divisor_at_most(groups, min(512, limits.max_threads) // total_tx)
+        else:
+            total_tx, total = 1, _divisor_at_most(groups, limits.block_threads)
+        return cls(tx=tx, ty=ty, total_tx=total_tx, total_threads=total)
 
 
 def _stats_op_blocks(sch, norm, prefix: str):
@@ -585,13 +609,18 @@ def _stats_op_blocks(sch, norm, prefix: str):
 
 def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b, st, (G, K, _) = _stats_op_blocks(sch, norm, "bn")
+    b, st, _ = _stats_op_blocks(sch, norm, "bn")
     channels = int(sch.get(b["bn_var"]).iter_vars[0].dom.extent)
     # channels last: the chunk buffers are (j, g, c) and the channel is the contiguous axis
     norm_iters = sch.get(norm).iter_vars
     channel_last = channel_position(sch, norm) == len(norm_iters) - 1
-    fast = channels if channel_last else K
-    kn = BatchNormTrainKnobs.default(K, G, fast, limits)
+
+    def reduction(level):  # the extent a level reduces: the chunk rows j, the groups g
+        return int(sch.get(st[level, "mean"]).iter_vars[-1].dom.extent)
+
+    chunk_rows, groups = reduction("group"), reduction("total")
+    fast = channels if channel_last else groups
+    kn = BatchNormTrainKnobs.default(groups, chunk_rows, fast, channel_last, limits)
     tx = knob(sch, tunable, [d for d in (8, 16, 32, 64) if fast % d == 0] or [kn.tx], kn.tx)
     ty = kn.ty
 
@@ -615,11 +644,16 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     _chunk_passes(sch, st, j_s)
     for k in ("mean", "lo", "sq"):
         sch.set_scope(st["chunk", k], 0, "local")
+    # the thread's chunk states are indexed by j_s: unrolled, the indices are constants and the
+    # states stay in registers (rolled, nvcc may put the arrays in local memory: the float16
+    # channels-last kernel had a 240-byte stack frame and ran at half the copy bandwidth)
+    sch.unroll(j_s)
     # the group mean is read in this kernel (every thread adds the threadIdx.y partials up into a
     # register) and by the totals (a copy to global memory)
     gm = st["group", "mean"]
     gm_global = _reduce_to(sch, gm, "local", [st["group", "lo"], st["group", "sq"]])
-    for blk in _partials(sch, gm, ty):
+    gm_rf, gm_copy = _partials(sch, gm, ty)
+    for blk in (gm_rf, gm_copy):
         sch.reverse_compute_at(blk, j_y, preserve_unit_loops=True)  # after the thread's chunks
     for blk in (gm, gm_global, st["group", "lo"], st["group", "sq"]):
         sch.reverse_compute_at(blk, bx, preserve_unit_loops=True)
@@ -634,6 +668,8 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
         r_y, r_s = _split_rows(sch, jr, ty)
         sch.reorder(x_part, r_y, r_s)
         _bind(sch, [(x_part, "threadIdx.x"), (r_y, "threadIdx.y")])
+    for blk in (st["group", "lo"], st["group", "sq"], gm_rf):  # they read the chunk states
+        sch.unroll(sch.get_loops(blk)[-1])
     sch.bind(_x_part(sch, list(sch.get_loops(gm_global))[1:]), "threadIdx.x")
     _guard(sch, gm_global, [("threadIdx.y", ty)])
 
@@ -641,22 +677,24 @@ def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     tm, tl, tq = st["total", "mean"], st["total", "lo"], st["total", "sq"]
     if channel_last:  # channels on threadIdx.x (coalesced), groups over threadIdx.y
         mean_global = _reduce_to(sch, tm, "local", [tl, tq])
-        tm_rf, tm_copy = _partials(sch, tm, ty)
+        tm_rf, tm_copy = _partials(sch, tm, kn.total_threads)
         c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm_rf, tm_copy, tm, mean_global, tl, tq)])
-        c_b, c_x = sch.split(c, [None, tx])
+        c_b, c_x = sch.split(c, [None, kn.total_tx])
         _bind(sch, [(c_b, "blockIdx.x"), (c_x, "threadIdx.x")])
         for blk in (tm_rf, tm_copy):
             sch.bind(sch.get_loops(blk)[2], "threadIdx.y")
-        red_tag, red_threads, reduced = "threadIdx.y", ty, (tl, tq)
+        _unroll_part(sch, sch.get_loops(tm_rf)[-1], 8)
+        red_tag, reduced = "threadIdx.y", (tl, tq)
     else:  # a block per channel, groups over threadIdx.x: the mean at one location per block
         mean_global = _reduce_to(sch, tm, "shared", [tl, tq])
         c = sch.merge(*[sch.get_loops(blk)[0] for blk in (tm, mean_global, tl, tq)])
         sch.bind(c, "blockIdx.x")
-        red_tag, red_threads, reduced = "threadIdx.x", kn.total_threads, (tm, tl, tq)
+        red_tag, reduced = "threadIdx.x", (tm, tl, tq)
     for blk in reduced:
-        _, r_t = sch.split(sch.get_loops(blk)[-1], [None, red_threads])
+        r_s, r_t = sch.split(sch.get_loops(blk)[-1], [None, kn.total_threads])
         sch.bind(r_t, red_tag)
-    _guard(sch, mean_global, [(red_tag, red_threads)])
+        _unroll_part(sch, r_s, 8)
+    _guard(sch, mean_global, [(red_tag, kn.total_threads)])
 
     # kernel 3: per-channel results, one thread per channel. TVM's merge puts the merged loop
     # where the last loop given was, and the bodies in the order given: the scale (which comes

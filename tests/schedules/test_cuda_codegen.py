@@ -460,6 +460,65 @@ def test_layer_norm_reads_each_value_once(name, dtype):
     assert stores > 0 and loads == 3 * stores, (loads, stores)
 
 
+@pytest.mark.requires("nvcc")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_norm_kernels_keep_their_state_in_registers(dtype):
+    """No norm kernel keeps an array in local memory (a ``__local_depot`` in the PTX): a thread's
+    chunk states indexed by a rolled loop went there, and on an H200 the float16 channels-last
+    training batch-norm statistics then wrote 72 MB of them to DRAM and ran at half the copy
+    bandwidth (issue 28)."""
+    from tvm.support import nvcc
+
+    names = ["gpu.bn_train_nchw_256x64x112x112", "gpu.bn_train_nhwc_256x112x112x64",
+             "bn_train.nchw_32x64x56x56", "bn_train.nhwc_8x256x28x28", "gpu.layer_norm_65536x4096",
+             "layer_norm.4096x1024"]
+    target = resolve_target("cuda-sm90")
+    mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
+    with target:
+        ptx = bytes(nvcc.compile_cuda(_source(mod, target), target_format="ptx", arch="sm_90",
+                                      compiler="nvcc")).decode()
+    entries = re.findall(r"\.entry (\w+)", ptx)
+    assert len(entries) >= 4 * 4 + 2, entries
+    assert "__local_depot" not in ptx, re.findall(r"\.local .*", ptx)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bn_statistics_kernels_stay_in_bounds(dtype):
+    """TVM's OOBChecker over the training batch-norm statistics kernels (every kernel but the
+    last, the normalization, whose guarded vector tail it cannot see) of every bn_train
+    workload: it flags the totals kernel that summed 128 thread partials of a reduction of 56
+    (rfactor over a padded split; the H200 got wrong channels-last results, issue 28)."""
+    from tvm.s_tir.analysis import OOBChecker
+
+    names = sorted(w.name for g in ("bn_train", "smoke", "gpu") for w in W.list_workloads(g)
+                   if w.op == "batch_norm_train")
+    target = resolve_target("cuda-sm90")
+    mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
+    kernels = dict(cuda_races.lowered_kernels(mod, target))
+    checked = []
+    for name in names:
+        mine = sorted(k for k in kernels if k.startswith(workload_symbol(name) + "_kernel"))
+        for k in mine[:-1]:
+            OOBChecker()(tvm.IRModule({"main": kernels[k]}))  # raises on an access out of bounds
+            checked.append(k)
+    assert len(checked) >= 3 * len(names) >= 3 * 4, checked
+
+
+def test_channels_last_bn_totals_spread_over_a_block():
+    """The channels-last totals have only ``C / total_tx`` blocks: each takes 512 threads along
+    the groups, so no thread walks hundreds of groups one L2 round trip at a time (32 channels x
+    8 threads, 224 steps each, took 62 us of a 0.46 ms kernel on an H200; 8 x 64, 16 us). Every
+    split divides its loop."""
+    limits = cuda.GpuLimits.from_target(resolve_target("cuda-sm90"))
+    kn = cuda.BatchNormTrainKnobs.default(1792, 56, 64, True, limits)
+    assert kn.total_tx * kn.total_threads == 512 and 1792 % kn.total_threads == 0
+    assert 1792 // kn.total_threads <= 32 and 64 // kn.total_tx >= 8
+    small = cuda.BatchNormTrainKnobs.default(56, 7, 256, True, limits)  # bn_train.nhwc_8x256x28x28
+    assert (small.total_threads, small.ty) == (56, 7)
+    channel_major = cuda.BatchNormTrainKnobs.default(1792, 56, 1792, False, limits)
+    assert channel_major.total_tx == 1 and channel_major.total_threads == 256
+
+
 # -- knobs from the target -------------------------------------------------------------------
 def test_gpu_limits_read_from_the_target():
     default = cuda.GpuLimits.from_target(resolve_target("cuda-sm90"))
