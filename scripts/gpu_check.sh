@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of a lent NVIDIA GPU session in one device call (issue 28): install, the GPU
-# tests three times (one full run, then the non-slow tests twice: each run one after the other,
-# 4 xdist workers; 9 workers at once ran the host out of memory on the HBM-sized references),
-# then `topi-bn bench --target cuda` on the memory-bound shapes and two conv layers.
+# tests (RUNS, by default one full run and the non-slow tests twice: each run one after the
+# other, 4 xdist workers; 9 workers at once ran the host out of memory on the HBM-sized
+# references), then `topi-bn bench --target cuda` on the memory-bound shapes and two conv layers
+# (BENCH_DTYPES, BENCH_WORKLOADS, BENCH_S to change them), and with PROFILE (workload:dtype
+# ...) each kernel's time and DRAM traffic under Nsight Compute (scripts/gpu_kernel_times.py).
 # Every step has its own time limit so that the call ends inside the device tool's limit and
 # what ran comes back under $OUT (main.log, gpu-tests-N.log, bench.log, bench/results.*).
 #
@@ -13,8 +15,9 @@
 #   the tree and .gpu/p2 exceed the 64 MiB a call carries; put them back afterwards)
 #   device run, carry [".gpu/p1"]:  bash .gpu/p1/put.sh
 #   device run, carry [".gpu/p2"]:  bash .gpu/p2/gpu_check.sh      (at once: warm ~30 s)
-# Timings seen on an H200 (2026-11-26): install 11 s, full run > 170 s (the slow sweeps take
-# ~80 s each), non-slow run ~30 s, bench 85 s.
+# Timings seen on an H200 (2026-11-26): machine start + piece 1 ~30 s, install 8-12 s, full run
+# 91-107 s, non-slow run ~30 s, bench 8 workloads x 3 dtypes 1.9 min (x 2 dtypes 85 s). E.g.
+#   RUNS="full:220" BENCH_DTYPES="float32 float16 bfloat16" BENCH_S=190 bash .gpu/p2/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # the installed package, not the source tree
 OUT=${OUT:-/tmp/gpu-check-out}; mkdir -p "$OUT"
@@ -26,19 +29,27 @@ timeout 150 bash .gpu/p2/setup.sh >> "$OUT/main.log" 2>&1; rc=$?; el "setup rc=$
 [ $rc = 0 ] || exit $rc
 export PYTHONPATH=/tmp/site
 XD="-n 4"; python3 -c "import xdist" 2>/dev/null || XD=""
-for i in 1 2 3; do
-  if [ $i = 1 ]; then M="gpu"; TS=${FULL_S:-170}; else M="gpu and not slow"; TS=60; fi
+# RUNS: the test runs, one after the other, as "mode:seconds" (full: every GPU test; quick: the
+# non-slow ones)
+i=0
+for run in ${RUNS:-full:200 quick:60 quick:60}; do
+  i=$((i + 1)); mode=${run%%:*}; TS=${run##*:}
+  if [ "$mode" = full ]; then M="gpu"; else M="gpu and not slow"; fi
   timeout "$TS" python3 -m pytest -q -p no:cacheprovider -m "$M" tests $XD -o addopts="" -rfE \
     --durations=8 > "$OUT/gpu-tests-$i.log" 2>&1
   echo "run $i ($M) rc=$?" >> "$OUT/gpu-tests-$i.log"
   el "tests run $i"; tail -3 "$OUT/gpu-tests-$i.log" | tee -a "$OUT/main.log"
 done
 timeout "${BENCH_S:-140}" python3 -m topi_bn.bench --target cuda --out "$OUT/bench" --no-check \
-  --rounds 5 --dtype float32 --dtype float16 \
-  --workload gpu.bn_train_nchw_256x64x112x112 --workload gpu.bn_train_nhwc_256x112x112x64 \
-  --workload gpu.layer_norm_65536x4096 --workload gpu.layer_norm_16384x8192 \
-  --workload layer_norm.4096x1024 --workload bn_train.nchw_32x64x56x56 \
-  --workload resnet50.conv3x3_64_64_56_s1_relu --workload resnet50.conv1x1_256_64_56_s1_relu \
+  --rounds 5 $(for d in ${BENCH_DTYPES:-float32 float16}; do echo --dtype $d; done) \
+  $(for w in ${BENCH_WORKLOADS:-gpu.bn_train_nchw_256x64x112x112 gpu.bn_train_nhwc_256x112x112x64 \
+    gpu.layer_norm_65536x4096 gpu.layer_norm_16384x8192 layer_norm.4096x1024 \
+    bn_train.nchw_32x64x56x56 resnet50.conv3x3_64_64_56_s1_relu \
+    resnet50.conv1x1_256_64_56_s1_relu}; do echo --workload $w; done) \
   > "$OUT/bench.log" 2>&1
 el "bench rc=$?"; rm -f "$OUT"/bench/*.png
 tail -45 "$OUT/bench.log"
+if [ -n "${PROFILE:-}" ]; then  # e.g. PROFILE="gpu.bn_train_nhwc_256x112x112x64:float16"
+  timeout "${PROFILE_S:-90}" python3 scripts/gpu_kernel_times.py $PROFILE > "$OUT/kernel-times.txt" 2>&1
+  el "kernel times rc=$?"; cat "$OUT/kernel-times.txt"
+fi
