@@ -413,8 +413,9 @@ def test_a_layers_implementations_are_timed_in_turns():
     results = bench.bench_workloads([wl], cfg, impls=[impl("a"), impl("b")],
                                     report=lambda _msg: None)
     assert all(r.timing is not None and r.check == "ok" for r in results)
-    # the check's call each, the warm-up, then a, b alternating round by round
-    assert calls[:2] == ["a", "b"] and calls[-6:] == ["a", "b"] * 3
+    # the check's call each, the warm-up, then a, b alternating round by round (each turn an
+    # untimed call and the timed one)
+    assert calls[:2] == ["a", "b"] and calls[-12:] == ["a", "a", "b", "b"] * 3
     calls.clear()
     results = bench.bench_workloads([wl], cfg, impls=[impl("a"), impl("b", fail_after=2)],
                                     report=lambda _msg: None)
@@ -663,14 +664,14 @@ def _prepared_and_checked(impl, wl):
 
 
 def test_time_in_turns_alternates_and_keeps_rounds():
-    """Every round times each callable once, in the order given, and each gets its own
-    per-call time."""
+    """Every round times each callable once, in the order given, after one untimed call (the
+    one before it evicted its data), and each gets its own per-call time."""
     from topi_bn.bench.timing import time_in_turns
 
     calls = []
     t = time_in_turns({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                       rounds=3, min_round_ms=0.0, warmup=1)
-    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
     assert set(t) == {"a", "b"} and all(len(x.data) == 3 and x.number == 1 for x in t.values())
     with pytest.raises(ValueError, match="rounds"):
         time_in_turns({"a": lambda: None}, rounds=0)
@@ -700,3 +701,25 @@ def test_winograd_implementation_matches_the_nchw_reference():
         with pytest.raises(Unavailable, match="not a Winograd layer"):
             bench.prepare("topi-bn Winograd", other, "x86-avx2", 1,
                           arrays=other.random_inputs(), tuning_logs=None)
+
+
+def test_a_round_in_turns_starts_with_an_untimed_call(monkeypatch):
+    """A worker's round (the isolated policy) makes one untimed call of each implementation
+    before its timed calls (the clock starts after it), unless its case has no warm-up (a call
+    too slow to repeat)."""
+    from topi_bn.bench import timing
+    from topi_bn.bench.runner import ImplHost, Prepared
+
+    events = []
+    host = ImplHost()
+    host.prepare("k", lambda: Prepared(run=lambda: events.append("call"), output=lambda: None),
+                 False)
+    ticks = iter(range(100))
+    monkeypatch.setattr(timing.time, "perf_counter",
+                        lambda: events.append("clock") or float(next(ticks)))
+    events.clear()
+    got = host.round([("k", 2, True)])
+    assert events == ["call", "clock", "call", "call", "clock"] and got["k"] == 0.5
+    events.clear()
+    host.round([("k", 2, False)])
+    assert events == ["clock", "call", "call", "clock"]

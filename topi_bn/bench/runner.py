@@ -36,7 +36,7 @@ from .. import checks
 from ..targets import resolve
 from .isolation import WorkerPool
 from .threads import check_threads_policy, host_threads
-from .timing import Timing, time_callable, time_in_turns, warm_up
+from .timing import Timing, time_callable, time_in_turns, timed_round, warm_up
 
 __all__ = ["BenchConfig", "Unavailable", "Prepared", "Result", "Case", "run_cases",
            "compute_speedups", "progress", "one_line", "geomean", "resolve_bench_target",
@@ -413,16 +413,13 @@ class ImplHost:
                 out[key] = one_line(err)
         return out
 
-    def round(self, items: Sequence[tuple[Any, int]]) -> dict:
-        """One round: each ``(key, calls)`` in turn; its seconds per call, or its error."""
+    def round(self, items: Sequence[tuple[Any, int, bool]]) -> dict:
+        """One round: each ``(key, calls, rewarm)`` in turn
+        (:func:`~topi_bn.bench.timing.timed_round`); its seconds per call, or its error."""
         out: dict[Any, float | str] = {}
-        for key, number in items:
-            fn = self._prepared[key].run
+        for key, number, rewarm in items:
             try:
-                t0 = time.perf_counter()
-                for _ in range(number):
-                    fn()
-                out[key] = (time.perf_counter() - t0) / number
+                out[key] = timed_round(self._prepared[key].run, number, rewarm)
             except Exception as err:  # noqa: BLE001 - a failed row, the others go on
                 out[key] = one_line(err)
         return out
@@ -535,7 +532,8 @@ def _run_isolated_batch(cases: Sequence[Case], cfg: BenchConfig, report: Callabl
             mine = [c for c, h in ready if h is host and id(c) in numbers
                     and not c.result.error and settings(c)[0] > k and alive(c, h)]
             if mine:
-                got = request(host, "round", [(c, (keys[id(c)], numbers[id(c)])) for c in mine])
+                got = request(host, "round", [(c, (keys[id(c)], numbers[id(c)],
+                                                   settings(c)[1] > 0)) for c in mine])
                 for i, secs in got.items():
                     data.setdefault(i, []).append(secs)
 

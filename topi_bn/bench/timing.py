@@ -8,6 +8,7 @@ implementations time themselves on the device: :mod:`topi_bn.bench.gpu`.)
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -95,17 +96,25 @@ def time_in_turns(fns: dict[str, Callable[[], Any]], rounds: int = 7,
     if warmup < 0:
         raise ValueError(f"warmup: expected >= 0, got {warmup}")
     numbers = {name: warm_up(fn, warmup, min_round_ms) for name, fn in fns.items()}
-
-    def turn(fn: Callable[[], Any], number: int) -> Callable[[], float]:
-        def once() -> float:  # per-call seconds of one round of ``number`` calls
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn()
-            return (time.perf_counter() - t0) / number
-        return once
-
-    data = in_turns({name: turn(fn, numbers[name]) for name, fn in fns.items()}, rounds)
+    rewarm = warmup > 0 and len(fns) > 1
+    data = in_turns({name: functools.partial(timed_round, fn, numbers[name], rewarm)
+                     for name, fn in fns.items()}, rounds)
     return {name: Timing(data[name], numbers[name]) for name in fns}
+
+
+def timed_round(fn: Callable[[], Any], number: int, rewarm: bool = True) -> float:
+    """Seconds per call of one round of ``number`` calls of ``fn``; with ``rewarm``, after one
+    untimed call. Timed in turns, each implementation's round follows another's (in this
+    process or another one), which has evicted its weights and activations from the caches and
+    let its threads fall asleep; a user who runs one model over and over pays neither, so the
+    round does not either. (``rewarm=False`` for one callable, and for a call too slow to
+    repeat: ``warmup=0``.)"""
+    if rewarm:
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
 
 
 def warm_up(fn: Callable[[], Any], warmup: int, min_round_ms: float) -> int:
