@@ -4,7 +4,8 @@
 # other, 4 xdist workers; 9 workers at once ran the host out of memory on the HBM-sized
 # references), then `topi-bn bench --target cuda` on the memory-bound shapes and two conv layers
 # (BENCH_DTYPES, BENCH_WORKLOADS, BENCH_S to change them), and with PROFILE (workload:dtype
-# ...) each kernel's time and DRAM traffic under Nsight Compute (scripts/gpu_kernel_times.py).
+# ...) each kernel's time and DRAM traffic under Nsight Compute (scripts/gpu_kernel_times.py);
+# last, compute-sanitizer memcheck and racecheck on small norm workloads (SANITIZE, SANITIZE_S).
 # Every step has its own time limit so that the call ends inside the device tool's limit and
 # what ran comes back under $OUT (main.log, gpu-tests-N.log, bench.log, bench/results.*).
 #
@@ -53,3 +54,15 @@ if [ -n "${PROFILE:-}" ]; then  # e.g. PROFILE="gpu.bn_train_nhwc_256x112x112x64
   timeout "${PROFILE_S:-90}" python3 scripts/gpu_kernel_times.py $PROFILE > "$OUT/kernel-times.txt" 2>&1
   el "kernel times rc=$?"; cat "$OUT/kernel-times.txt"
 fi
+# compute-sanitizer on small norm workloads: memcheck (out-of-bounds and misaligned accesses,
+# e.g. a sum reading past a shared buffer) and racecheck (shared-memory hazards between threads),
+# which the CPU-side checks only model; SANITIZE="" skips it
+for tool in memcheck racecheck; do
+  [ -n "${SANITIZE-x}" ] || break
+  timeout "${SANITIZE_S:-120}" compute-sanitizer --tool $tool --error-exitcode 9 \
+    python3 scripts/gpu_kernel_times.py --run ${SANITIZE:-bn_train.nhwc_8x256x28x28:float32 \
+    bn_train.nhwc_32x64x56x56:float16 bn_train.nchw_32x64x56x56:float16 \
+    smoke.bn_train_4x8x6x6:float32 layer_norm.512x4096:float32 layer_norm.4096x1024:float16} \
+    > "$OUT/sanitizer-$tool.txt" 2>&1
+  el "compute-sanitizer $tool rc=$?"; tail -4 "$OUT/sanitizer-$tool.txt" | tee -a "$OUT/main.log"
+done

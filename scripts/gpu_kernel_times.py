@@ -7,8 +7,9 @@ Usage, on a machine with an NVIDIA GPU and ``ncu`` (CUDA toolkit):
 builds each workload's default CUDA schedule for the device, runs it once under ``ncu`` and prints
 one line per kernel: grid, block, DRAM bytes read and written, time, registers per thread. This is how the H200 session
 of 2026-11-26 found a training-BN statistics kernel writing 72 MB of local memory and a totals
-kernel of 2 blocks taking 62 us (benchmarks/RESULTS-cuda-h200.md). ``--run`` is the child that
-ncu profiles.
+kernel of 2 blocks taking 62 us (benchmarks/RESULTS-cuda-h200.md). ``--run NAME:DTYPE ...`` is
+the child that ncu profiles: it only builds and runs (``scripts/gpu_check.sh`` also runs it under
+compute-sanitizer).
 """
 from __future__ import annotations
 
