@@ -14,7 +14,8 @@ its functions are the one way in for builds, legalization, benchmarks and the tu
   ``cpu_conv_nchwc.py``, ``cpu_conv_winograd.py``: the blocked conv and its Winograd form;
   ``cpu_dense.py``, ``cpu_pool.py``, ``cpu_layout.py``: TVM's classifier product, pools and
   edge layout transforms in a network;
-- ``cuda.py``: the CUDA rules.
+- ``cuda.py``: what the CUDA rules share (target limits, GPU verification, loop helpers);
+  ``cuda_conv.py``, ``cuda_norm.py``: the CUDA rules.
 
 Importing the package registers the MetaSchedule rules ``s_tir.meta_schedule.<key>.topi_bn.<op>``
 (keys ``cpu``, ``arm_cpu``, ``cuda``, ``gpu``).

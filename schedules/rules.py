@@ -30,7 +30,7 @@ How to add a rule:
 
 1. The compute tags its blocks ``schedule_rule = "topi_bn.<op>"`` and
    :data:`~topi_bn.schedules.common.ANCHORS` names the op's anchor block.
-2. In the family's module (``cpu_<what>.py``, ``cuda.py``) write a subclass of
+2. In the family's module (``cpu_<what>.py``, ``cuda_<what>.py``) write a subclass of
    :class:`~topi_bn.schedules.common.ScheduleRule` with ``name``, ``ops = ("<op>",)`` and
    ``apply(sch, anchor, target, tunable) -> bool``; take knobs from
    :func:`~topi_bn.schedules.helpers.knob` / :func:`~topi_bn.schedules.helpers.tile` with their
@@ -54,7 +54,7 @@ from topi_bn.targets import resolve_target, target_family
 
 from . import (
     cpu, cpu_conv_dpbf16, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise,
-    cpu_layout, cpu_pool, cuda,
+    cpu_layout, cpu_pool, cuda_conv, cuda_norm,
 )
 from .common import (
     ANCHORS, CPU_ONLY_OPS, RULE_PREFIX, ScheduleRule, has_topi_bn_blocks, is_anchor, op_of,
@@ -83,11 +83,11 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu_elementwise.Elementwise(),      # elementwise ops, also a topi-bn function's leftovers
     ),
     "cuda": (
-        cuda.FusedConv(),
-        cuda.DepthwiseConv(),
-        cuda.BatchNormTrain(),
-        cuda.BatchNormInfer(),
-        cuda.LayerNorm(),
+        cuda_conv.FusedConv(),              # conv2d_bn_relu
+        cuda_conv.DepthwiseConv(),          # depthwise_conv2d_bn_relu
+        cuda_norm.BatchNormTrain(),
+        cuda_norm.BatchNormInfer(),
+        cuda_norm.LayerNorm(),
     ),
 }
 

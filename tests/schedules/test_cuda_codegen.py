@@ -11,7 +11,7 @@ from tvm import te
 
 import topi_bn
 from topi_bn import workloads as W
-from topi_bn.schedules import common, cuda, rules
+from topi_bn.schedules import common, cuda, cuda_conv, cuda_norm, rules
 from topi_bn.targets import resolve_target
 from topi_bn.testing import cuda_races, workload_symbol, workloads_module
 from tvm.script import tirx as T
@@ -510,12 +510,12 @@ def test_channels_last_bn_totals_spread_over_a_block():
     8 threads, 224 steps each, took 62 us of a 0.46 ms kernel on an H200; 8 x 64, 16 us). Every
     split divides its loop."""
     limits = cuda.GpuLimits.from_target(resolve_target("cuda-sm90"))
-    kn = cuda.BatchNormTrainKnobs.default(1792, 56, 64, True, limits)
+    kn = cuda_norm.BatchNormTrainKnobs.default(1792, 56, 64, True, limits)
     assert kn.total_tx * kn.total_threads == 512 and 1792 % kn.total_threads == 0
     assert 1792 // kn.total_threads <= 32 and 64 // kn.total_tx >= 8
-    small = cuda.BatchNormTrainKnobs.default(56, 7, 256, True, limits)  # bn_train.nhwc_8x256x28x28
+    small = cuda_norm.BatchNormTrainKnobs.default(56, 7, 256, True, limits)  # bn_train.nhwc_8x256x28x28
     assert (small.total_threads, small.ty) == (56, 7)
-    channel_major = cuda.BatchNormTrainKnobs.default(1792, 56, 1792, False, limits)
+    channel_major = cuda_norm.BatchNormTrainKnobs.default(1792, 56, 1792, False, limits)
     assert channel_major.total_tx == 1 and channel_major.total_threads == 256
 
 
@@ -549,8 +549,8 @@ def test_conv_knob_defaults_fit_shared_memory():
         if w.params.get("groups", 1) > 1:
             continue
         sch = tvm.s_tir.Schedule(w.prim_func("float32"))
-        geo = cuda._conv_info(sch, sch.get_sblock("conv"))
-        knobs = cuda.ConvKnobs.default(geo, limits)
+        geo = cuda_conv._conv_info(sch, sch.get_sblock("conv"))
+        knobs = cuda_conv.ConvKnobs.default(geo, limits)
         assert knobs.threads <= limits.max_threads
         assert knobs.shared_bytes(geo) <= limits.shared_bytes, w.name
 
