@@ -98,8 +98,8 @@ def _schedule_bn_infer(sch, norm, target: Target, tunable: bool) -> None:
 # written by more than one thread, and no write is read before a barrier (checked by
 # topi_bn.testing.cuda_races).
 def _stat_extents(sch, st: dict) -> tuple[int, int, int]:
-    """(G, K, b) of the statistics: the chunk block's last three iters are j, g (or, channels
-    last, j, g, c) and the chunk's values."""
+    """(G, K, b) of layer_norm's statistics: the chunk block's last three iters are the chunk
+    rows j, the groups g and the chunk's values."""
     it = [int(iv.dom.extent) for iv in sch.get(st["chunk", "mean"]).iter_vars]
     return it[-3], it[-2], it[-1]
 
@@ -215,19 +215,19 @@ class BatchNormTrainKnobs:
 
 
 def _stats_op_blocks(sch, norm, prefix: str):
-    """``(blocks, statistics blocks, (G, K, B))`` of a training-BN (``prefix="bn"``) or
+    """``(blocks, statistics blocks)`` of a training-BN (``prefix="bn"``) or
     layer_norm (``"ln"``) function whose anchor is ``norm``, with its producers and elementwise
     consumers inlined first."""
     b = op_blocks(sch, norm)
     inline_producers(sch, b)
     inline_consumers(sch, norm)
     st = stats_blocks(b, prefix)
-    return b, st, _stat_extents(sch, st)
+    return b, st
 
 
 def _schedule_bn_train(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b, st, _ = _stats_op_blocks(sch, norm, "bn")
+    b, st = _stats_op_blocks(sch, norm, "bn")
     channels = int(sch.get(b["bn_var"]).iter_vars[0].dom.extent)
     # channels last: the chunk buffers are (j, g, c) and the channel is the contiguous axis
     norm_iters = sch.get(norm).iter_vars
@@ -392,7 +392,8 @@ def _split_rows(sch, loop, ty):
 
 def _schedule_layer_norm(sch, norm, target: Target, tunable: bool) -> None:
     limits = GpuLimits.from_target(target)
-    b, st, (G, K, B) = _stats_op_blocks(sch, norm, "ln")
+    b, st = _stats_op_blocks(sch, norm, "ln")
+    G, K, B = _stat_extents(sch, st)
     n_rows = len(sch.get(st["chunk", "mean"]).iter_vars) - 3
     rows = 1
     for iv in sch.get(norm).iter_vars[:n_rows]:

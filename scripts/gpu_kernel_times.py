@@ -4,12 +4,12 @@ Usage, on a machine with an NVIDIA GPU and ``ncu`` (CUDA toolkit):
 
     python3 scripts/gpu_kernel_times.py gpu.bn_train_nhwc_256x112x112x64:float16 NAME:DTYPE ...
 
-builds each workload's default CUDA schedule for the device, runs it once under ``ncu`` and prints
-one line per kernel: grid, block, DRAM bytes read and written, time, registers per thread. This is how the H200 session
-of 2026-11-26 found a training-BN statistics kernel writing 72 MB of local memory and a totals
-kernel of 2 blocks taking 62 us (benchmarks/RESULTS-cuda-h200.md). ``--run NAME:DTYPE ...`` is
-the child that ncu profiles: it only builds and runs (``scripts/gpu_check.sh`` also runs it under
-compute-sanitizer).
+builds each workload's default CUDA schedule for the device, runs it once under ``ncu`` and
+prints one line per kernel: grid, block, DRAM bytes read and written, time, registers per
+thread. This is how the H200 session of 2026-11-26 found a training-BN statistics kernel
+writing 72 MB of local memory and a totals kernel of 2 blocks taking 62 us
+(benchmarks/RESULTS-cuda-h200.md). ``--run NAME:DTYPE ...`` is the child that ncu profiles: it
+only builds and runs (``scripts/gpu_check.sh`` also runs it under compute-sanitizer).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.
 
 
 def run(specs: list[str]) -> None:
+    """Build and run each ``NAME:DTYPE`` once on uninitialized buffers (timing only)."""
     import tvm
 
     from topi_bn import workloads as W
@@ -34,19 +35,19 @@ def run(specs: list[str]) -> None:
     dev = tvm.cuda(0)
     for spec in specs:
         name, dtype = spec.split(":")
+        w = W.get(name)
+        inputs = w.te_args(dtype)
+        args = [tvm.runtime.empty(tuple(int(d) for d in t.shape), str(t.dtype), dev)
+                for t in list(inputs) + list(w.compute(*inputs))]
         lib = tvm.compile(rules.apply_default_schedules(workloads_module([name], dtype), target),
                           target=target)
-        w = W.get(name)
-        tensors = list(w.te_args(dtype)) + list(w.compute(*w.te_args(dtype)))
-        args = [tvm.runtime.empty(tuple(int(d) for d in t.shape), str(t.dtype), dev)
-                for t in tensors]
         lib[workload_symbol(name)](*args)
         dev.sync()
 
 
 def main(specs: list[str]) -> int:
-    out = subprocess.run(["ncu", "--metrics", ",".join(METRICS), sys.executable, __file__, "--run", *specs],
-                         capture_output=True, text=True)
+    cmd = ["ncu", "--metrics", ",".join(METRICS), sys.executable, __file__, "--run", *specs]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         print(out.stdout[-3000:], out.stderr[-3000:])
         return out.returncode

@@ -39,6 +39,15 @@ def _source(mod: tvm.IRModule, target) -> str:
     return lib.mod.imports[0].inspect_source("")
 
 
+def _ptx(src: str, target, arch: str = "sm_90") -> str:
+    """The PTX nvcc makes of CUDA source ``src`` (nvcc required)."""
+    from tvm.support import nvcc
+
+    with target:
+        return bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,
+                                       compiler="nvcc")).decode()
+
+
 _KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\) \{')
 
 
@@ -419,12 +428,8 @@ def test_race_check_wants_a_barrier_that_orders_the_row(lanes, barrier, flagged)
 
 @pytest.mark.requires("nvcc")
 def test_cuda_source_compiles_to_ptx(built):
-    from tvm.support import nvcc
-
     arch, dtype, target, src, kernels = built
-    with target:
-        ptx = bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,
-                                      compiler="nvcc")).decode()
+    ptx = _ptx(src, target, arch)
     assert f".target {arch}" in ptx
     entries = set(re.findall(r"\.entry (\w+)\(", ptx))
     assert entries == set(kernels)
@@ -447,13 +452,9 @@ def test_layer_norm_reads_each_value_once(name, dtype):
     (or vector) once per output element it stores. Rolled passes re-read the row on every pass:
     on an H200 that fp32 kernel ran at 55% of the copy bandwidth, the fp16 one (whose first pass
     nvcc had unrolled by itself) at 87% (issue 28)."""
-    from tvm.support import nvcc
-
     target = resolve_target("cuda-sm90")
     mod = rules.apply_default_schedules(workloads_module([name], dtype), target)
-    with target:
-        ptx = bytes(nvcc.compile_cuda(_source(mod, target), target_format="ptx", arch="sm_90",
-                                      compiler="nvcc")).decode()
+    ptx = _ptx(_source(mod, target), target)
     assert _backward_branches(ptx) == []
     loads = len(re.findall(r"\bld\.global", ptx))
     stores = len(re.findall(r"\bst\.global", ptx))
@@ -467,16 +468,12 @@ def test_norm_kernels_keep_their_state_in_registers(dtype):
     chunk states indexed by a rolled loop went there, and on an H200 the float16 channels-last
     training batch-norm statistics then wrote 72 MB of them to DRAM and ran at half the copy
     bandwidth (issue 28)."""
-    from tvm.support import nvcc
-
     names = ["gpu.bn_train_nchw_256x64x112x112", "gpu.bn_train_nhwc_256x112x112x64",
              "bn_train.nchw_32x64x56x56", "bn_train.nhwc_8x256x28x28", "gpu.layer_norm_65536x4096",
              "layer_norm.4096x1024"]
     target = resolve_target("cuda-sm90")
     mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
-    with target:
-        ptx = bytes(nvcc.compile_cuda(_source(mod, target), target_format="ptx", arch="sm_90",
-                                      compiler="nvcc")).decode()
+    ptx = _ptx(_source(mod, target), target)
     entries = re.findall(r"\.entry (\w+)", ptx)
     assert len(entries) >= 4 * 4 + 2, entries
     assert "__local_depot" not in ptx, re.findall(r"\.local .*", ptx)
@@ -513,7 +510,8 @@ def test_channels_last_bn_totals_spread_over_a_block():
     kn = cuda_norm.BatchNormTrainKnobs.default(1792, 56, 64, True, limits)
     assert kn.total_tx * kn.total_threads == 512 and 1792 % kn.total_threads == 0
     assert 1792 // kn.total_threads <= 32 and 64 // kn.total_tx >= 8
-    small = cuda_norm.BatchNormTrainKnobs.default(56, 7, 256, True, limits)  # bn_train.nhwc_8x256x28x28
+    # bn_train.nhwc_8x256x28x28: 56 groups, 7 chunk rows
+    small = cuda_norm.BatchNormTrainKnobs.default(56, 7, 256, True, limits)
     assert (small.total_threads, small.ty) == (56, 7)
     channel_major = cuda_norm.BatchNormTrainKnobs.default(1792, 56, 1792, False, limits)
     assert channel_major.total_tx == 1 and channel_major.total_threads == 256
@@ -636,15 +634,11 @@ def test_unknown_op_is_rejected():
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_registry_workload_compiles_to_ptx(arch, dtype):
-    from tvm.support import nvcc
-
     target = resolve_target(ARCHS[arch])
     names = [w.name for w in W.list_workloads()]
     mod = rules.apply_default_schedules(workloads_module(names, dtype), target)
     src = _source(mod, target)
-    with target:
-        ptx = bytes(nvcc.compile_cuda(src, target_format="ptx", arch=arch,
-                                      compiler="nvcc")).decode()
+    ptx = _ptx(src, target, arch)
     assert set(re.findall(r"\.entry (\w+)\(", ptx)) == set(_kernels(src))
 
 

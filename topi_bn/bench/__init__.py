@@ -41,8 +41,9 @@ Thread policy (``BenchConfig.threads_policy``, ``--threads-policy``):
   for all). The cases of a layer or a network are timed in turns: round by round the benchmark
   process tells one worker at a time to run a round (each of its implementations one untimed
   call, which pays for the caches and sleeping threads the previous round left it, then calls
-  for at least the round's milliseconds) and report its times, and starts the next worker's round once the
-  last one's threads have gone quiet. A worker that dies fails its rows and is restarted.
+  for at least the round's milliseconds) and report its times, and starts the next worker's
+  round once the last one's threads have gone quiet. A worker that dies fails its rows and is
+  restarted.
 - ``shared``: everything in this process (what the ``benchmarks/`` suites do too). TVM pins its
   workers and the calling thread to single cores, and ``import tvm`` imports PyTorch, whose
   threads would then share one core (20-100x slower): the benchmark sets

@@ -470,9 +470,9 @@ def timing_method(results: Sequence[Result], cfg: BenchConfig,
         text = (f"How the figures were taken (--threads-policy isolated): each runtime ran "
                 f"alone in its own worker process with its default thread policy and {n} "
                 f"({policies}{env}). The processes took turns round by round: the bench process "
-                f"told one worker at a time to run a round (each implementation one untimed call, "
-                f"then calls for at least {least}) and report its times, and started the next worker's round only once "
-                f"the previous one's threads had gone quiet"
+                f"told one worker at a time to run a round (each implementation one untimed "
+                f"call, then calls for at least {least}) and report its times, and started the "
+                f"next worker's round only once the previous one's threads had gone quiet"
                 + (f" (longest wait {max(waits):.0f} ms)" if waits else "")
                 + f"; a runtime's implementations share its worker, as they would share a "
                 f"user's process. Every implementation of a layer or network was timed in "
