@@ -185,3 +185,45 @@ def test_onnx_pad_subgraph_without_folding_fails_with_advice():
     model = _onnx_unfolded(net, torch.zeros((1, 3, 7, 9)))
     with pytest.raises(ValueError, match="TVM's ONNX importer failed"):
         tr.from_onnx(model, fold_constants=False)
+
+
+def test_onnx_pads_computed_from_a_padded_tensors_shape():
+    """Swin's window padding: each block pads H and W up to a multiple of the window, computed
+    from the shape of a tensor that an earlier computed ``Pad`` made. Shape inference sees
+    that shape only once the earlier pads are constants, so folding must repeat (one round
+    left the second Pad dynamic: "Dynamic pads are not supported yet")."""
+    from topi_bn.relax.frontends import fold_onnx_constants
+    from topi_bn.testing.models import randomize_bn
+
+    nn, F = torch.nn, torch.nn.functional
+
+    class PadToWindow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3)
+            self.bn1, self.bn2 = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            for conv, bn in ((self.conv1, self.bn1), (self.conv2, self.bn2)):
+                h, w = x.shape[-2:]
+                x = torch.relu(bn(conv(F.pad(x, (0, (4 - w % 4) % 4, 0, (4 - h % 4) % 4)))))
+            return x
+
+    torch.manual_seed(0)
+    net = randomize_bn(PadToWindow()).eval()
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 3, 9, 7))
+                         .astype("float32"))
+    with torch.no_grad():
+        ref = net(x).numpy()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), buf, dynamo=False, opset_version=17)
+    model = onnx.load_from_string(buf.getvalue())
+    assert [n.op_type for n in model.graph.node].count("Pad") == 2
+    folded = fold_onnx_constants(model)
+    constants = {t.name for t in folded.graph.initializer}
+    assert [n.input[1] in constants for n in folded.graph.node if n.op_type == "Pad"] == [True] * 2
+    mod = tr.from_onnx(model)
+    for bn in ("fused", "folded"):
+        assert_close(_run(tr.apply_bn_mode(mod, bn), x.numpy()), ref, "float32", bn)

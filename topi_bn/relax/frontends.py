@@ -50,6 +50,11 @@ def fold_onnx_constants(model, max_elements: int = 1 << 16):
     evaluated with ``onnx.reference``; random ops, nodes with subgraphs and other domains are
     left alone, as is ``Identity`` (TVM's importer passes its input through).
 
+    Folding repeats until nothing more folds: a ``Pad`` whose pads were computed hides its
+    output's shape from shape inference until those pads are constants, so the shape
+    arithmetic of the next one (Swin's window padding in every block) folds only on the next
+    round.
+
     Parameters
     ----------
     model : onnx.ModelProto
@@ -63,6 +68,16 @@ def fold_onnx_constants(model, max_elements: int = 1 << 16):
         A copy with the folded nodes replaced by initializers (``model`` itself when nothing
         folds).
     """
+    for _ in range(len(model.graph.node)):  # each round folds a node at least
+        folded = _fold_constants_once(model, max_elements)
+        if folded is model:
+            break
+        model = folded
+    return model
+
+
+def _fold_constants_once(model, max_elements: int):
+    """One round of :func:`fold_onnx_constants`: ``model`` itself when nothing folds."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
