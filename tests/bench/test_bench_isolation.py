@@ -238,6 +238,52 @@ def test_bad_policy_and_network_arguments(argv, message, capsys):
     assert message in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+def test_torchvision_network_without_torchvision_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision -> ImportError
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--networks", "torchvision:resnet18", "--out", "unused"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--networks: torchvision:resnet18 needs torchvision" in err
+
+
+@pytest.fixture
+def fake_torchvision(monkeypatch):
+    """A ``torchvision`` whose one classification model is a small conv -> BN -> ReLU net with
+    a zero-initialized head (as ViT's)."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    def get_model(name, weights=None, num_classes=1000):
+        assert name == "smallnet" and weights is None
+        head = nn.Linear(4, num_classes)
+        nn.init.zeros_(head.weight)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), head)
+
+    models = types.SimpleNamespace(list_models=lambda module=None: ["smallnet"],
+                                   get_model=get_model)
+    monkeypatch.setitem(sys.modules, "torchvision", types.SimpleNamespace(models=models))
+    return models
+
+
+def test_torchvision_networks_by_name(fake_torchvision):
+    torch = pytest.importorskip("torch")
+    (net,) = nb.select_networks(["torchvision:smallnet"])
+    assert net.name == "torchvision:smallnet" and net.input_shape == (1, 3, 224, 224)
+    model = net.make()
+    assert model[-1].out_features == 1000 and model[-1].weight.abs().min() > 0  # head drawn
+    assert not torch.equal(model[1].running_var, torch.ones(4))  # BN statistics randomized
+    same = net.make()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 same.state_dict().values()))  # seeded
+    with pytest.raises(ValueError, match=r"networks: expected torchvision:<name> .*smallnet.* "
+                                         r"got torchvision:nope"):
+        nb.select_networks(["tiny", "torchvision:nope"])
+
+
 def test_spin_wait_with_the_shared_policy_is_accepted():
     parser = argparse.ArgumentParser()
     bench.add_bench_arguments(parser)

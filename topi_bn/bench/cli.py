@@ -28,7 +28,7 @@ from ..checks import check_writable_dir
 from ..dtypes import DTYPES as CPU_DTYPES
 from ..targets import resolve_target, target_family
 from . import gpu, ops
-from .networks import bench_networks, network_names, select_networks
+from .networks import bench_networks, select_networks
 from .plots import write_plot, write_summary_plot
 from .report import machine_info, results_markdown, to_json, format_table
 from .runner import BenchConfig, Result, one_line, progress, resolve_bench_target
@@ -79,8 +79,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-networks", action="store_true",
                    help="skip the whole networks (ResNet-18, ResNet-50, MobileNetV2)")
     p.add_argument("--networks", action="append", default=None, metavar="NAME",
-                   help="run these whole networks (resnet18, resnet50, mobilenetv2, tiny; "
-                        "repeatable), also with --quick, --group or --workload")
+                   help="run these whole networks (resnet18, resnet50, mobilenetv2, tiny, or "
+                        "torchvision:<model>, e.g. torchvision:efficientnet_b0, with "
+                        "torchvision installed; repeatable), also with --quick, --group or "
+                        "--workload")
     p.add_argument("--no-layers", action="store_true",
                    help="skip the per-layer benchmark (with --networks: the networks only)")
     p.add_argument("--threads-policy", choices=THREADS_POLICIES, default="isolated",
@@ -144,10 +146,10 @@ def check_bench_args(args: argparse.Namespace, error: Callable[[str], Any]) -> N
             error("--networks: whole networks run on the CPU (not with --target cuda)")
         if args.no_networks:
             error("--networks: conflicts with --no-networks")
-        known = network_names()
-        for name in args.networks:
-            if name not in known:
-                error(f"--networks: expected names from {known}, got {name!r}")
+        try:
+            select_networks(args.networks)
+        except ValueError as err:  # "networks: ..." names the argument
+            error(f"--{err}")
     if args.no_layers and (args.workload or args.group):
         error("--no-layers: conflicts with --workload / --group (which select layers)")
     if args.no_layers and not args.networks and (args.quick or args.no_networks or on_gpu):

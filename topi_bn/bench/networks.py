@@ -88,8 +88,8 @@ from .timing import Timing, time_in_turns
 __all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "NetworkImpl",
            "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
            "prepare_network", "kernel_counts", "check_network_output", "network_cases",
-           "bench_networks", "prepare_in_worker", "pair_turns", "network_names",
-           "select_networks", "BF16_NETWORK_IMPLS"]
+           "bench_networks", "prepare_in_worker", "pair_turns",
+           "select_networks", "BF16_NETWORK_IMPLS", "torchvision_network", "TORCHVISION_PREFIX"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,48 @@ def default_networks() -> list[Network]:
             Network("resnet50", functools.partial(models.resnet50, num_classes=1000),
                     time_once=slow),
             Network("mobilenetv2", functools.partial(models.mobilenet_v2, num_classes=1000))]
+
+
+#: ``--networks torchvision:NAME``: torchvision's classification model NAME.
+TORCHVISION_PREFIX = "torchvision:"
+
+
+def _torchvision_models():
+    """``torchvision.models``, or :class:`Unavailable` saying why not."""
+    try:
+        from torchvision import models as tv
+    except Exception as err:  # noqa: BLE001 -- missing, or built for another torch
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise Unavailable(f"torchvision cannot be imported ({type(err).__name__}: "
+                          f"{lines[0] if lines else ''})") from None
+    return tv
+
+
+def _torchvision_model(name: str):
+    import torch
+
+    torch.manual_seed(0)
+    model = _torchvision_models().get_model(name, weights=None, num_classes=1000)
+    with torch.no_grad():  # zero-initialized heads (ViT) would make every output 0
+        for p in model.parameters():
+            if p.ndim >= 2 and not p.any():
+                p.normal_(0, 0.02)
+    return randomize_bn(model)
+
+
+def torchvision_network(name: str) -> Network:
+    """torchvision's classification model ``name`` (``torchvision.models.list_models(module=
+    torchvision.models)``): random weights (seeded), batch-norm statistics randomized, 224x224,
+    batch 1, 1000 classes. ``ValueError`` naming ``networks`` for another name,
+    :class:`Unavailable` without torchvision."""
+    tv = _torchvision_models()
+    known = tv.list_models(module=tv)
+    if name not in known:
+        raise ValueError(f"networks: expected {TORCHVISION_PREFIX}<name> of a torchvision "
+                         f"classification model ({', '.join(known[:4])}, ...), got "
+                         f"{TORCHVISION_PREFIX}{name}")
+    return Network(TORCHVISION_PREFIX + name, functools.partial(_torchvision_model, name),
+                   time_once=frozenset({"topi-bn unpacked (torch.export)"}))
 
 
 def _tiny_model():
@@ -671,27 +713,25 @@ def pair_turns(results: Sequence[Result], impls: Sequence[NetworkImpl] = NETWORK
             r.extra["in_turns_with"] = [(o.impl, ms[label], ms[lab]) for lab, o in found.items()]
 
 
-def network_names() -> list[str]:
-    """The names ``--networks`` accepts: :func:`default_networks` (when they can be made
-    here) and :func:`tiny_network`."""
-    try:
-        nets = default_networks()
-    except Unavailable:
-        nets = []
-    return [n.name for n in nets] + [tiny_network().name]
-
-
 def select_networks(names: Sequence[str]) -> list[Network]:
-    """The networks named (:func:`network_names`), in the order given; ``ValueError`` naming
-    ``networks`` for another name."""
+    """The networks named (:func:`default_networks`, :func:`tiny_network`, and
+    ``torchvision:<name>``: :func:`torchvision_network`), in the order given; ``ValueError``
+    naming ``networks`` for another name, or for torchvision's without torchvision."""
     try:
         known = {n.name: n for n in default_networks()}
     except Unavailable:
         known = {}
     known[tiny_network().name] = tiny_network()
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and not n.startswith(TORCHVISION_PREFIX)]
     if unknown:
-        raise ValueError(f"networks: expected names from {list(known)}, got {unknown}")
+        raise ValueError(f"networks: expected names from {list(known)} or "
+                         f"{TORCHVISION_PREFIX}<torchvision model>, got {unknown}")
+    for name in names:
+        if name.startswith(TORCHVISION_PREFIX) and name not in known:
+            try:
+                known[name] = torchvision_network(name[len(TORCHVISION_PREFIX):])
+            except Unavailable as err:
+                raise ValueError(f"networks: {name} needs torchvision: {err}") from None
     return [known[n] for n in dict.fromkeys(names)]
 
 

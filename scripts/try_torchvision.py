@@ -1,0 +1,209 @@
+"""Build torchvision models with topi-bn as a user would, and compare with PyTorch in float64.
+
+Each model (random weights, batch-norm statistics randomized as in the tests) is exported by
+``torch.export`` or ``torch.onnx.export`` (TorchScript exporter), imported with
+``topi_bn.from_exported_program`` / ``topi_bn.from_onnx``, built with ``topi_bn.build`` in the
+given ``bn`` modes, run (x86: here; arm: ``topi-bn compile --target arm`` and the library run
+under qemu-aarch64, see ``topi_bn.arm_emulation``), and its output compared with the model in
+float64: error relative to the output's largest magnitude within 1e-4 for float32 (or 10x
+PyTorch float32's own error), within 1e-2 or 2x ``torch.autocast`` bfloat16's own error for
+bfloat16. One line per case: ``OK``, ``WRONG`` (a wrong number) or ``FAIL`` (an exception; a
+one-line ``ValueError`` of topi-bn is a refusal, anything else a bug). Each model runs in a
+process of its own, so one crash does not end the run.
+
+    python scripts/try_torchvision.py --models swin_t,efficientnet_b0 --paths export,onnx
+    python scripts/try_torchvision.py --models resnet50 --dtype bfloat16 --bn fused,folded
+    python scripts/try_torchvision.py --models convnext_tiny --target arm
+
+Needs ``torchvision`` (``pip install --no-deps torchvision==0.28.0`` beside torch 2.13.0; that
+wheel's compiled ops were built against the CUDA build of torch and fail to register with the
+CPU build, which the models do not need: see :func:`_import_torchvision`). Models with dropout
+or stochastic depth give no reference in ``--train`` mode. Results of 2026-11-26:
+``docs/models.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+DEFAULT_MODELS = ("resnet18,resnet50,resnext50_32x4d,wide_resnet50_2,mobilenet_v2,"
+                  "mobilenet_v3_large,mobilenet_v3_small,efficientnet_b0,efficientnet_v2_s,"
+                  "mnasnet1_0,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x1_0,squeezenet1_1,"
+                  "densenet121,googlenet,inception_v3,alexnet,vgg11_bn,convnext_tiny,vit_b_16,"
+                  "swin_t,swin_v2_t,maxvit_t")
+MIN_SIZE = {"inception_v3": 96, "maxvit_t": 224}  # smallest input each model takes
+
+
+def _import_torchvision():
+    """``torchvision.models``; the PyPI wheel's compiled ops, built against the CUDA build of
+    torch, fail to register their fake kernels with the CPU build (``operator torchvision::nms
+    does not exist``): the registration is skipped while importing, as no model uses them."""
+    import torch
+
+    try:
+        from torchvision import models
+    except RuntimeError as err:
+        if "torchvision::" not in str(err):
+            raise
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        register = torch.library.register_fake
+        torch.library.register_fake = lambda *a, **k: (lambda f: f)
+        try:
+            from torchvision import models
+        finally:
+            torch.library.register_fake = register
+    return models
+
+
+def _model(name: str, size: int, train: bool):
+    import torch
+
+    from topi_bn.testing.models import randomize_bn
+
+    models = _import_torchvision()
+    torch.manual_seed(0)
+    kwargs = {"image_size": size} if name.startswith("vit_") else {}
+    model = getattr(models, name)(weights=None, num_classes=10, **kwargs)
+    randomize_bn(model)
+    with torch.no_grad():  # zero-initialized heads (ViT) would make every output 0
+        for p in model.parameters():
+            if p.ndim >= 2 and not p.any():
+                p.normal_(0, 0.02)
+    return model.train(train)
+
+
+def _export(model, x, path: str, train: bool, folder: str) -> str:
+    """The model exported to a file in ``folder`` (``.pt2`` or ``.onnx``), as a user keeps it."""
+    import torch
+
+    model = copy.deepcopy(model)
+    if path == "export":
+        file = os.path.join(folder, "model.pt2")
+        torch.export.save(torch.export.export(model, (x,)), file)
+        return file
+    file = os.path.join(folder, "model.onnx")
+    mode = torch.onnx.TrainingMode.TRAINING if train else torch.onnx.TrainingMode.EVAL
+    torch.onnx.export(model, (x,), file, dynamo=False, opset_version=17, training=mode,
+                      do_constant_folding=not train)
+    return file
+
+
+def _run(file: str, x, bn: str, dtype: str, target: str) -> list:
+    """Outputs of the model in ``file`` built for ``target``: x86 through ``topi_bn.build`` and
+    the Relax VM here, arm as ``topi-bn compile --target arm`` writes it, run under qemu."""
+    import tvm
+
+    import topi_bn
+    from topi_bn.deploy import compile_model, load_model
+
+    if target == "x86":
+        ex = topi_bn.build(load_model(file), "x86", bn=bn, dtype=dtype)
+        out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+        return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+    from topi_bn.arm_emulation import run_library_under_qemu
+
+    so = os.path.join(os.path.dirname(file), f"model-{bn}.so")
+    compile_model(file, so, "arm", bn=bn, dtype=dtype)
+    return run_library_under_qemu(so, [x], timeout=1800)
+
+
+def _one_model(args) -> int:
+    """Run one model's cases; the number not OK."""
+    import torch
+
+    name = args.models
+    size = max(args.size, MIN_SIZE.get(name, 0))
+    model = _model(name, size, args.train)
+    x = torch.randn(args.batch, 3, size, size)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double()).numpy()
+        if args.dtype == "float32":
+            peer = copy.deepcopy(model)(x).numpy()
+        else:
+            with torch.autocast("cpu", torch.bfloat16):
+                peer = copy.deepcopy(model)(x).float().numpy()
+    scale = float(np.abs(ref).max()) or 1.0
+    peer_err = float(np.abs(peer - ref).max()) / scale
+    limit = max(1e-4, 10 * peer_err) if args.dtype == "float32" else max(1e-2, 2 * peer_err)
+    tag = f"{name} {size}px batch {args.batch}{' train' if args.train else ''} {args.dtype}"
+    bad = 0
+    for path in args.paths.split(","):
+        with tempfile.TemporaryDirectory(prefix="try_torchvision_") as folder:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    file = _export(model, x, path, args.train, folder)
+            except Exception as err:  # noqa: BLE001 -- PyTorch's exporter: not topi-bn's case
+                print(f"{tag} {path}: export failed ({type(err).__name__}: "
+                      f"{_first_line(err)})", flush=True)
+                continue
+            for bn in args.bn.split(","):
+                start = time.time()
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        outs = _run(file, x.numpy(), bn, args.dtype, args.target)
+                    out = [o for o in outs if o.shape == ref.shape]
+                    err = float(np.abs(out[0] - ref).max()) / scale
+                    verdict = "OK" if err <= limit else "WRONG"
+                    print(f"{tag} {path} {args.target} {bn}: {verdict} error {err:.1e} "
+                          f"(PyTorch {'float32' if args.dtype == 'float32' else 'autocast bf16'}"
+                          f" {peer_err:.1e}) {time.time() - start:.0f} s", flush=True)
+                except Exception as err:  # noqa: BLE001 -- reported as a failed case
+                    verdict = "FAIL"
+                    print(f"{tag} {path} {args.target} {bn}: FAIL {type(err).__name__}: "
+                          f"{_first_line(err)}", flush=True)
+                    if args.traceback:
+                        traceback.print_exc()
+                bad += verdict != "OK"
+    return bad
+
+
+def _first_line(err: Exception) -> str:
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated names")
+    parser.add_argument("--size", type=int, default=64, help="input height and width")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--paths", default="export", help="export,onnx")
+    parser.add_argument("--bn", default="fused,folded", help="comma-separated bn modes")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--target", default="x86", choices=("x86", "arm"))
+    parser.add_argument("--train", action="store_true", help="models in training mode")
+    parser.add_argument("--traceback", action="store_true")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per model")
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
+    if len(names) == 1:
+        return int(_one_model(args) > 0)
+    failed = 0
+    for name in names:
+        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])]
+        cmd += ["--models", name]  # the last --models wins
+        try:
+            code = subprocess.run(cmd, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            print(f"{name}: FAIL timed out after {args.timeout:.0f} s", flush=True)
+            code = 1
+        if code not in (0, 1):
+            print(f"{name}: FAIL the process ended with code {code}", flush=True)
+        failed |= code != 0
+    return int(failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
