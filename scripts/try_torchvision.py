@@ -35,6 +35,8 @@ import warnings
 
 import numpy as np
 
+from topi_bn.checks import one_line
+
 DEFAULT_MODELS = ("resnet18,resnet50,resnext50_32x4d,wide_resnet50_2,mobilenet_v2,"
                   "mobilenet_v3_large,mobilenet_v3_small,efficientnet_b0,efficientnet_v2_s,"
                   "mnasnet1_0,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x1_0,squeezenet1_1,"
@@ -66,20 +68,11 @@ def _import_torchvision():
 
 
 def _model(name: str, size: int, train: bool):
-    import torch
+    from topi_bn.bench.networks import torchvision_model
 
-    from topi_bn.testing.models import randomize_bn
-
-    models = _import_torchvision()
-    torch.manual_seed(0)
+    _import_torchvision()
     kwargs = {"image_size": size} if name.startswith("vit_") else {}
-    model = getattr(models, name)(weights=None, num_classes=10, **kwargs)
-    randomize_bn(model)
-    with torch.no_grad():  # zero-initialized heads (ViT) would make every output 0
-        for p in model.parameters():
-            if p.ndim >= 2 and not p.any():
-                p.normal_(0, 0.02)
-    return model.train(train)
+    return torchvision_model(name, num_classes=10, **kwargs).train(train)
 
 
 def _export(model, x, path: str, train: bool, folder: str) -> str:
@@ -145,7 +138,7 @@ def _one_model(args) -> int:
                     file = _export(model, x, path, args.train, folder)
             except Exception as err:  # noqa: BLE001 -- PyTorch's exporter: not topi-bn's case
                 print(f"{tag} {path}: export failed ({type(err).__name__}: "
-                      f"{_first_line(err)})", flush=True)
+                      f"{one_line(err)})", flush=True)
                 continue
             for bn in args.bn.split(","):
                 start = time.time()
@@ -162,16 +155,11 @@ def _one_model(args) -> int:
                 except Exception as err:  # noqa: BLE001 -- reported as a failed case
                     verdict = "FAIL"
                     print(f"{tag} {path} {args.target} {bn}: FAIL {type(err).__name__}: "
-                          f"{_first_line(err)}", flush=True)
+                          f"{one_line(err)}", flush=True)
                     if args.traceback:
                         traceback.print_exc()
                 bad += verdict != "OK"
     return bad
-
-
-def _first_line(err: Exception) -> str:
-    lines = [ln for ln in str(err).splitlines() if ln.strip()]
-    return lines[0][:300] if lines else ""
 
 
 def main(argv=None) -> int:

@@ -73,6 +73,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..build import build
+from ..checks import one_line
 from ..relax import apply_bn_mode, from_exported_program, from_onnx
 from ..testing import models, TOLERANCES
 from ..testing.models import randomize_bn
@@ -89,7 +90,8 @@ __all__ = ["Network", "default_networks", "tiny_network", "IMPORT_PATHS", "Netwo
            "TopiBnBuild", "NETWORK_IMPLS", "network_impl_names", "NetContext",
            "prepare_network", "kernel_counts", "check_network_output", "network_cases",
            "bench_networks", "prepare_in_worker", "pair_turns",
-           "select_networks", "BF16_NETWORK_IMPLS", "torchvision_network", "TORCHVISION_PREFIX"]
+           "select_networks", "BF16_NETWORK_IMPLS", "torchvision_network", "torchvision_model",
+           "TORCHVISION_PREFIX"]
 
 
 @dataclass(frozen=True)
@@ -132,18 +134,21 @@ def _torchvision_models():
     try:
         from torchvision import models as tv
     except Exception as err:  # noqa: BLE001 -- missing, or built for another torch
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        raise Unavailable(f"torchvision cannot be imported ({type(err).__name__}: "
-                          f"{lines[0] if lines else ''})") from None
+        raise Unavailable(f"torchvision cannot be imported "
+                          f"({one_line(err, with_type=True)})") from None
     return tv
 
 
-def _torchvision_model(name: str):
+def torchvision_model(name: str, num_classes: int = 1000, **kwargs):
+    """torchvision's model ``name`` (``kwargs`` to its builder, e.g. ViT's ``image_size``) with
+    seeded random weights, a zero-initialized head drawn (ViT's would make every output 0) and
+    batch-norm statistics randomized (:func:`topi_bn.testing.models.randomize_bn`)."""
     import torch
 
     torch.manual_seed(0)
-    model = _torchvision_models().get_model(name, weights=None, num_classes=1000)
-    with torch.no_grad():  # zero-initialized heads (ViT) would make every output 0
+    model = _torchvision_models().get_model(name, weights=None, num_classes=num_classes,
+                                            **kwargs)
+    with torch.no_grad():
         for p in model.parameters():
             if p.ndim >= 2 and not p.any():
                 p.normal_(0, 0.02)
@@ -161,7 +166,7 @@ def torchvision_network(name: str) -> Network:
         raise ValueError(f"networks: expected {TORCHVISION_PREFIX}<name> of a torchvision "
                          f"classification model ({', '.join(known[:4])}, ...), got "
                          f"{TORCHVISION_PREFIX}{name}")
-    return Network(TORCHVISION_PREFIX + name, functools.partial(_torchvision_model, name),
+    return Network(TORCHVISION_PREFIX + name, functools.partial(torchvision_model, name),
                    time_once=frozenset({"topi-bn unpacked (torch.export)"}))
 
 
