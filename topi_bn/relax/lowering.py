@@ -19,6 +19,7 @@ from tvm import relax
 
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import block_names, has_topi_bn_blocks
+from ..compute.fast_math import LEGALIZE as FAST_MATH_OPS
 from ..targets import resolve_target, target_family
 from .blocked import BlockedLayout
 from .registration import ACTIVATION_OPS, MODE_ATTR, StripKernelDescriptions, legalize_options
@@ -61,6 +62,8 @@ class ScheduleCpuGraphOps:
     (``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`, through
     :func:`topi_bn.schedules.apply_default_schedules` with ``graph_ops=True``):
 
+    - :class:`topi_bn.schedules.cpu_dense.Gemm`: matrix products with rows (a transformer's
+      or ConvNeXt's MLP, attention), register-tiled with their epilogue;
     - :class:`topi_bn.schedules.cpu_dense.Matvec`: the classifier's matrix-vector
       product with its bias (ResNet-50's 2048x1000: 4.0 ms unscheduled, 0.34 ms scheduled);
     - :class:`topi_bn.schedules.cpu_pool.Pool`: max and average pooling, NCHW or
@@ -186,10 +189,13 @@ def pipeline(target: Any, database=None, layout: str = "auto",
       a module of mode ``unpacked`` is lowered by TVM alone;
     - ``relax.nn.relu`` and ``relax.clip`` (ReLU6) legalized so that NaN propagates, as in
       PyTorch and ONNX Runtime (:data:`~topi_bn.relax.registration.ACTIVATION_OPS`; TVM's
-      ``max(x, 0)`` gives 0 for NaN), except in ``unpacked`` modules;
+      ``max(x, 0)`` gives 0 for NaN), except in ``unpacked`` modules; on a CPU also float32
+      ``exp``, ``erf``, ``tanh``, ``sigmoid``, SiLU, GELU and softmax as polynomials that
+      vectorize (:data:`topi_bn.compute.fast_math.LEGALIZE`: LLVM makes TVM's one libm call
+      per element);
     - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
-      the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedule of the
-      classifier's matrix-vector product and the pools (:class:`ScheduleCpuGraphOps`), then
+      the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedules of
+      matrix products, pools and elementwise functions (:class:`ScheduleCpuGraphOps`), then
       (GPU) dlight for the
       rest.
     """
@@ -212,8 +218,11 @@ def pipeline(target: Any, database=None, layout: str = "auto",
         legalize = list(rp.legalize_passes(target))
         names = [p.info.name for p in legalize]
         if ours_too and "LegalizeOps" in names:  # relu / clip that propagate NaN
+            ops = dict(ACTIVATION_OPS)
+            if target_family(target) in ("x86", "arm"):  # exp, erf, tanh, ... that vectorize
+                ops.update(FAST_MATH_OPS)
             legalize[names.index("LegalizeOps")] = relax.transform.LegalizeOps(
-                customize_legalize_map=ACTIVATION_OPS)
+                customize_legalize_map=ops)
         at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)
         ours = []
         if database is not None:
