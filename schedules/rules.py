@@ -77,7 +77,8 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu.BatchNormTrain(),
         cpu.BatchNormInfer(),
         cpu.LayerNorm(),
-        cpu_dense.Matvec(),                 # TVM's ops: the classifier's matrix-vector product,
+        cpu_dense.Gemm(),                   # TVM's ops: matrix products with rows (MLPs, attention),
+        cpu_dense.Matvec(),                 # the classifier's matrix-vector product,
         cpu_pool.Pool(),                    # pools,
         cpu_layout.LayoutTransform(),       # NCHW <-> NCHW[cb]c transforms,
         cpu_elementwise.Elementwise(),      # elementwise ops, also a topi-bn function's leftovers
