@@ -12,8 +12,9 @@ its functions are the one way in for builds, legalization, benchmarks and the tu
   queries, ``CpuParams`` read from a CPU target;
 - ``cpu.py``: CPU rules of the NCHW / NHWC conv, batch-norm (training, inference), layer_norm;
   ``cpu_conv_nchwc.py``, ``cpu_conv_winograd.py``: the blocked conv and its Winograd form;
-  ``cpu_dense.py``, ``cpu_pool.py``, ``cpu_layout.py``: TVM's classifier product, pools and
-  edge layout transforms in a network;
+  ``cpu_dense.py``, ``cpu_pool.py``, ``cpu_layout.py``, ``cpu_rows.py``,
+  ``cpu_elementwise.py``: TVM's own ops in a network (matrix products, pools, edge layout
+  transforms, softmax-like row reductions, elementwise functions);
 - ``cuda.py``: what the CUDA rules share (target limits, GPU verification, loop helpers);
   ``cuda_conv.py``, ``cuda_norm.py``: the CUDA rules.
 

@@ -308,43 +308,48 @@ def register_tile(rows: int, vectors: int, registers: int) -> tuple[int, int]:
 
 def schedule_gemm(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is a float32 product with at least
-    :data:`MIN_ROWS` rows and an N that whole vectors of at least 4 lanes divide (module
-    docstring); returns whether it did."""
+    :data:`MIN_ROWS` rows and at least a vector of columns (module docstring); returns whether
+    it did."""
     prod = product_block(sch)
     if prod is None or prod.m < MIN_ROWS \
             or str(sch.get(prod.block).writes[0].source.dtype) != "float32":
         return False
     p = cpu_params(target)
     width = vector_width(prod.n, p.lanes)
-    if width < min(4, p.lanes):
+    if width < min(4, p.lanes) and prod.n < p.lanes:
         return False
     b = prod.block
     out = _epilogue_block(sch, b)
     if out is None:
         return False
-    mr, nv = register_tile(prod.m, prod.n // width, p.vector_registers)
+    n = prod.n
+    if width < min(4, p.lanes):  # attention's 197 tokens: the product padded to 200 columns
+        width = p.lanes
+        n = -(-n // width) * width
+        sch.pad_einsum(b, [1] * (len(prod.extents) - 2) + [width, 1])
+        sch.compute_inline(sch.get_consumers(b)[0])  # the copy out of the padded product
+    mr, nv = register_tile(prod.m, n // width, p.vector_registers)
     nr = nv * width
-    by_chunk = prod.k * prod.n * 4 > p.l2_bytes // 2
-    chunk = _chunk(prod.n, prod.k, nr, p, by_chunk)
+    by_chunk = prod.k * n * 4 > p.l2_bytes // 2
+    chunk = _chunk(n, prod.k, nr, p, by_chunk)
     if len(prod.rows) > 1:
         _fuse_rows(sch, b, out, prod)
-    *batch, rows, cols = sch.get_loops(out)
+    *batch, rows, cols, k = sch.get_loops(b)
     ro, ri = sch.split(rows, [None, mr])
     co, ct, ci = sch.split(cols, [None, chunk // nr, nr])
-    sch.reorder(*batch, co, ro, ct, ri, ci)
+    sch.reorder(*batch, co, ro, ct, k, ri, ci)
     task = sch.fuse(*batch, co) if by_chunk else sch.fuse(*batch, co, ro)
     sch.parallel(task)
-    sch.compute_at(b, ct, preserve_unit_loops=False)
+    sch.reverse_compute_at(out, ct, preserve_unit_loops=False)
     _pack_right(sch, b, prod, nr, width, task if by_chunk else None)
-    *_, t_rows, t_cols, k = sch.get_loops(b)
-    sch.reorder(k, t_rows, t_cols)
-    vec, lanes = sch.split(t_cols, [None, width])
-    sch.unroll(t_rows)
+    vec, lanes = sch.split(ci, [None, width])
+    sch.unroll(ri)
     sch.unroll(vec)
     sch.vectorize(lanes)
     sch.decompose_reduction(b, k)
-    _, lanes = sch.split(sch.get_loops(out)[-1], [None, width])
-    sch.vectorize(lanes)
+    if n == prod.n:  # else the epilogue's columns end inside a vector (a predicate)
+        _, lanes = sch.split(sch.get_loops(out)[-1], [None, width])
+        sch.vectorize(lanes)
     return True
 
 
@@ -352,10 +357,15 @@ def _pack_right(sch: tvm.s_tir.Schedule, b, prod: Product, nr: int, width: int, 
     """The right operand copied into panels ``[*batch, N / nr, K, nr]``, so that a tile
     column's weights are one contiguous stream: per chunk of N inside the parallel ``task``
     (the copy is then in L2 for every row tile of the chunk), or, with ``task`` None, all of
-    it before the product, in parallel over the panels."""
+    it before the product, in parallel over the panels. A padded operand (``pad_einsum``) is
+    padded in the copy."""
+    padded = sch.get_producers(b)
+    right = sch.get(padded[0]).writes[0].source if padded else prod.right
     reads = sch.get(b).reads
-    copy = sch.cache_read(b, next(i for i, r in enumerate(reads)
-                                  if r.source.same_as(prod.right)), "global")
+    copy = sch.cache_read(b, next(i for i, r in enumerate(reads) if r.source.same_as(right)),
+                          "global")
+    if padded:
+        sch.compute_inline(padded[0])
     nb = len(prod.batch)
     sch.transform_layout(copy, ("write", 0), IndexMap.from_func(
         lambda *i: [*i[:nb], i[nb + 1] // nr, i[nb], i[nb + 1] % nr], ndim=nb + 2))

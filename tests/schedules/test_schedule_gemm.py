@@ -104,6 +104,17 @@ def test_batched_product_matches_float64():
     assert "T.parallel" in script
 
 
+@pytest.mark.parametrize("rows, k, n, batch, epilogue", [((10,), 16, 13, (3,), "none"),
+                                                     ((1, 5, 5), 24, 25, (), "gelu")])
+def test_columns_no_vector_divides_are_padded(rows, k, n, batch, epilogue):
+    """Attention's ``q @ k^T`` over 197 tokens: no vector of 4 or more divides N, so the
+    product is padded to whole vectors (``pad_einsum``; the padding is made in the weight's
+    panel copy) and the epilogue writes the N real columns."""
+    func, _ = _product(rows, k, n, batch, epilogue)
+    script = _run(func, TARGET, rows, k, n, batch, epilogue)
+    assert re.search(r"T\.vectorized\((T\.int64\()?8\)", script)
+
+
 def test_broadcast_weight_rows_fold_into_the_rows():
     """A leading axis only the left operand has (ONNX ``MatMul`` of a [2, 5, K] tensor by a
     (K, N) weight) is a row axis: rows 2 x 5 fused into 10."""

@@ -1,0 +1,80 @@
+"""The CPU schedule of softmax-like functions (``cpu_rows.RowReduce``): what it matches, its
+numerics against float64, and that a build uses it for a softmax with attention's mask."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from topi_bn.compute import fast_math
+from topi_bn.schedules.cpu_rows import schedule_rows
+from topi_bn.targets import resolve_target
+
+TARGET = "x86-avx2"  # runs on every x86 host of the project
+
+
+def _masked_softmax(shape):
+    """softmax over the last axis, then ``where(mask, 0, p)`` with a per-row mask (what FuseOps
+    makes of torchvision's attention)."""
+    x = te.placeholder(shape, name="x")
+    mask = te.placeholder((*shape[:-1], 1), name="mask", dtype="int8")
+    p = fast_math.softmax(x, -1)
+    y = te.compute(shape, lambda *i: tvm.tirx.Select(mask(*i[:-1], 0) != 0, tvm.tirx.const(
+        0.0, "float32"), p(*i)), name="T_where")
+    return te.create_prim_func([x, mask, y])
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 197), (3, 64), (4, 6, 40)])
+def test_softmax_rows_match_float64(shape):
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": _masked_softmax(shape)}))
+    assert schedule_rows(sch, resolve_target(TARGET))
+    script = sch.mod.script()
+    assert "T.parallel" in script
+    assert script.count("T_softmax_exp") >= 1  # the exponentials: one row buffer, not inlined
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 8).astype("float32")
+    mask = (rng.random((*shape[:-1], 1)) < 0.3).astype("int8")
+    out = tvm.runtime.empty(shape, "float32")
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(mask), out)
+    xf = x.astype("float64")
+    e = np.exp(xf - xf.max(-1, keepdims=True))
+    ref = np.where(mask != 0, 0.0, e / e.sum(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-7)
+
+
+def test_reduction_over_another_axis_is_left_alone():
+    """A sum over the middle axis is not a row reduction."""
+    import tvm_ffi
+
+    x = te.placeholder((4, 8, 16), name="x")
+    k = te.reduce_axis((0, 8), name="k")
+    s = te.compute((4, 16), lambda i, j: te.sum(x[i, k, j], axis=k), name="s")
+    y = te.compute((4, 8, 16), lambda i, m, j: x[i, m, j] / s[i, j], name="y")
+    func = te.create_prim_func([x, y])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert not schedule_rows(sch, resolve_target(TARGET))
+    assert tvm_ffi.structural_equal(sch.mod["main"], func)
+
+
+def test_build_schedules_the_softmax(scheduled_by):
+    from tvm import relax
+
+    import topi_bn
+    import topi_bn.schedules.cpu_rows as cpu_rows
+
+    shape = (2, 3, 20, 20)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    scheduled = scheduled_by(cpu_rows, "schedule_rows")
+    ex = topi_bn.build(bb.get(), TARGET, bn="fused")
+    assert len(scheduled) == 1
+    xin = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xin)).numpy()
+    e = np.exp(xin.astype("float64") - xin.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
