@@ -21,13 +21,17 @@ evenly preferred), each accumulated over all of K in registers (``mr * nv`` accu
 ``nv`` vector loads of the weight, ``mr`` broadcasts, ``mr * nv`` FMAs), then its epilogue
 applied and stored once. Row axes are fused into one (the accumulator buffer and both blocks
 re-indexed) so that a tile of rows never straddles an image row. Tiles are grouped in chunks of
-N whose weight slice (K x chunk) stays in L2; when the whole weight is larger than half of L2 each
-chunk's slice is first copied into a contiguous buffer (the slice of a (K, N) weight is K rows
-N apart: a 768 x 3072 weight touched 2300 pages per tile column; copied, ViT-B's MLP went from
-41 to 72-77 GFLOP/s on Zen 3, 2 threads) and the cores share out the chunks; else they share out
-row tiles. On Zen 3 (2 threads, AVX2) the inner loop is 12 FMAs on 12 accumulators with 3 loads
-and 4 broadcasts; measured 57-110 GFLOP/s on ConvNeXt-T and ViT-B/16 shapes in a noisy spell
-(PyTorch's oneDNN sgemm 103-148 in the same runs, ``benchmarks/``-style turns).
+N whose weight slice (K x chunk) stays in L2. The weight is read from panels ``[N / nr, K,
+nr]``, one contiguous stream per tile column (the slice of a (K, N) weight is K rows N apart: a
+768 x 3072 weight touched 2300 pages per tile column; copied, ViT-B's MLP went from 41 to 72-77
+GFLOP/s on Zen 3, 2 threads, in a slow spell): when the weight is larger than half of L2 each
+chunk's panels are copied inside the parallel loop and the cores share out the chunks; else all
+of it is copied first and the cores share out row tiles. On Zen 3 (AVX2) the inner loop is 12 FMAs on 12 accumulators with 3 loads and 4
+broadcasts; ConvNeXt-T and ViT-B/16 shapes ran at 165-184 GFLOP/s on 2 threads (87-94 on one)
+in a fast spell of the development VM, 75-88 in a slow one. Columns that no vector of 4 or more
+divides (attention's ``q @ k^T`` over 197 tokens) are padded to whole vectors
+(``pad_einsum``; the padding is written in the panel copy) and the epilogue writes the real
+ones.
 
 **Matvec.** The weight is read once, from memory (ResNet-50's classifier: 8 MB), so the schedule
 is about reading it as a stream: the reduction over K is split into one contiguous chunk of rows

@@ -53,14 +53,6 @@ def _f32(v: float):
     return tvm.tirx.const(v, "float32")
 
 
-def _let(value, body: Callable):
-    """``body(value)``. Written as a binding, but the value is repeated, not bound: a TIR
-    ``Let`` variable is defined once per function, and ``compute_inline`` of a block into two
-    consumers (a GELU reads its input twice) would define it twice. TIR's and LLVM's common
-    subexpression elimination compute the repeats once."""
-    return body(value)
-
-
 def _horner(x, coeffs):
     acc = _f32(coeffs[0])
     for c in coeffs[1:]:
@@ -82,56 +74,42 @@ def _is_f32(x) -> bool:
 
 
 def exp(x):
-    """``e**x`` (module docstring)."""
+    """``e**x`` (module docstring). Repeated subexpressions are written out, not bound: a TIR
+    ``Let`` variable may be defined once per function, and ``compute_inline`` of a block into
+    two consumers (a GELU reads its input twice) would define it twice; TIR's and LLVM's common
+    subexpression elimination compute them once."""
     if not _is_f32(x):
         return tvm.tirx.exp(x)
+    n = tvm.tirx.floor(x * _f32(1.0 / math.log(2.0)) + _f32(0.5))
+    r = x - n * _f32(_LN2_HI) - n * _f32(_LN2_LO)
+    # 2**n in two factors: n = 128 (x near log(FLT_MAX)) has no float32 exponent
+    ni = tvm.tirx.Cast("int32", n)
+    half = ni >> 1
+    finite = (_horner(r, _EXP_P) * r * r + r + _f32(1.0)) * _pow2(half) * _pow2(ni - half)
+    return tvm.tirx.Select(
+        x > _f32(_EXP_HI), _f32(math.inf),
+        tvm.tirx.Select(x < _f32(_EXP_LO), _f32(0.0), tvm.tirx.Select(x != x, x, finite)))
 
-    def body(x):
-        n = tvm.tirx.floor(x * _f32(1.0 / math.log(2.0)) + _f32(0.5))
-        r = x - n * _f32(_LN2_HI) - n * _f32(_LN2_LO)
 
-        def poly(r):
-            # 2**n in two factors: n = 128 (x near log(FLT_MAX)) has no float32 exponent
-            ni = tvm.tirx.Cast("int32", n)
-            half = ni >> 1
-            p = _horner(r, _EXP_P) * r * r + r + _f32(1.0)
-            return p * _pow2(half) * _pow2(ni - half)
-
-        finite = _let(r, poly)
-        return tvm.tirx.Select(
-            x > _f32(_EXP_HI), _f32(math.inf),
-            tvm.tirx.Select(x < _f32(_EXP_LO), _f32(0.0),
-                            tvm.tirx.Select(x != x, x, finite)))
-
-    return _let(x, body)
+def _odd_rational(x, bound: float, alpha, beta):
+    """``c * alpha(c**2) / beta(c**2)`` of ``c = x`` clamped to ``[-bound, bound]``; NaN for
+    NaN."""
+    c = _clamp(x, -bound, bound)
+    return tvm.tirx.Select(x != x, x, c * _horner(c * c, alpha) / _horner(c * c, beta))
 
 
 def erf(x):
     """The error function (module docstring)."""
     if not _is_f32(x):
         return tvm.tirx.erf(x)
-
-    def body(x):
-        def ratio(c):
-            return _let(c * c, lambda c2: c * _horner(c2, _ERF_ALPHA) / _horner(c2, _ERF_BETA))
-
-        return tvm.tirx.Select(x != x, x, _let(_clamp(x, -4.0, 4.0), ratio))
-
-    return _let(x, body)
+    return _odd_rational(x, 4.0, _ERF_ALPHA, _ERF_BETA)
 
 
 def tanh(x):
     """The hyperbolic tangent (module docstring)."""
     if not _is_f32(x):
         return tvm.tirx.tanh(x)
-
-    def body(x):
-        def ratio(c):
-            return _let(c * c, lambda c2: c * _horner(c2, _TANH_ALPHA) / _horner(c2, _TANH_BETA))
-
-        return tvm.tirx.Select(x != x, x, _let(_clamp(x, -9.0, 9.0), ratio))
-
-    return _let(x, body)
+    return _odd_rational(x, 9.0, _TANH_ALPHA, _TANH_BETA)
 
 
 def sigmoid(x):
@@ -143,22 +121,20 @@ def sigmoid(x):
 
 def silu(x):
     """``x * sigmoid(x)`` (SiLU, swish)."""
-    if not _is_f32(x):
-        return x * tvm.tirx.sigmoid(x)
-    return _let(x, lambda x: x * sigmoid(x))
+    return x * sigmoid(x)
 
 
 def gelu(x):
     """``x * (1 + erf(x / sqrt(2))) / 2`` of a float32 ``x``, Relax's ``nn.gelu`` (PyTorch's
     exact GELU)."""
-    return _let(x, lambda x: x * (_f32(0.5) + erf(x * _f32(math.sqrt(0.5))) * _f32(0.5)))
+    return x * (_f32(0.5) + erf(x * _f32(math.sqrt(0.5))) * _f32(0.5))
 
 
 def gelu_tanh(x):
     """``x * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x**3))) / 2`` of a float32 ``x``, Relax's
     ``nn.gelu_tanh``."""
-    return _let(x, lambda x: _f32(0.5) * x * (_f32(1.0) + tanh(
-        _f32(math.sqrt(2.0 / math.pi)) * x * (_f32(1.0) + _f32(0.044715) * x * x))))
+    return _f32(0.5) * x * (_f32(1.0) + tanh(
+        _f32(math.sqrt(2.0 / math.pi)) * x * (_f32(1.0) + _f32(0.044715) * x * x)))
 
 
 def softmax(x: te.Tensor, axis: int) -> te.Tensor:
