@@ -8,9 +8,12 @@ TVM's CPU pipeline leaves such loops scalar and LLVM's auto-vectorizers take the
 (LLVM 17+) they broke the module on one such loop (``sigmoid(x) + x`` over 36 floats: shuffles
 that do not dominate their uses, found by the random-graph tester). Here each chain is made
 explicit instead: every elementwise producer is inlined into its consumers where TVM allows it,
-and each remaining block runs as one loop over its elements, vectorized by
-:func:`~topi_bn.schedules.helpers.vector_width` of the element count (no predicate; at least 4
-lanes, else serial), in parallel chunks when it is large.
+and each remaining block runs vectorized along its innermost axis when a vector of at least 4
+lanes divides it (:func:`~topi_bn.schedules.helpers.vector_width`, no predicate), its outer
+axes fused into one loop (a transpose's lanes then share their index arithmetic: Swin-T's
+window partition over 56 x 56 x 96 took 2.8 ms with one loop over all elements, whose every
+lane divided its index back into six), else as one loop over all its elements vectorized by
+the element count (at least 4 lanes, else serial); in parallel when it is large.
 
 Matched: blocks whose iteration variables are all spatial (no reduction) with static extents and
 no ``schedule_rule``.
@@ -62,12 +65,19 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         loops = sch.get_loops(b)
         if len(loops) != len(sch.get(b).iter_vars):
             continue  # computed at another block's loops: its owner schedules it
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        n = int(sch.get(fused).extent)
-        width = vector_width(n, p.lanes)
-        if width < 4:
-            continue
-        outer, inner = sch.split(fused, [None, width])
+        n = 1
+        for lp in loops:
+            n *= int(sch.get(lp).extent)
+        width = vector_width(int(sch.get(loops[-1]).extent), p.lanes)
+        if len(loops) > 1 and width >= 4:  # vectors along the innermost axis only: a
+            # transpose's lanes then need no index division each (Swin's window partition)
+            outer, (_, inner) = sch.fuse(*loops[:-1]), sch.split(loops[-1], [None, width])
+        else:
+            fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            width = vector_width(n, p.lanes)
+            if width < 4:
+                continue
+            outer, inner = sch.split(fused, [None, width])
         if n >= PARALLEL_ELEMENTS and p.cores > 1:
             sch.parallel(outer)
         sch.vectorize(inner)

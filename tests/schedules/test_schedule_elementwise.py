@@ -53,3 +53,21 @@ def test_blocks_with_a_reduction_or_a_rule_are_not_elementwise():
                    attrs={"schedule_rule": "topi_bn.layer_norm"})
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, z])}))
     assert elementwise_blocks(sch) == [] and not schedule_elementwise(sch, TARGET)
+
+
+def test_transpose_vectorized_along_its_innermost_axis():
+    """Swin's window partition (a transpose that keeps the channel axis innermost): vectors
+    along that axis, the outer axes one loop, against numpy (one loop over all elements made
+    every lane divide its index back into the six axes: 2.8 ms for 56 x 56 x 96)."""
+    shape = (1, 8, 7, 8, 7, 32)  # (B, H/w, w, W/w, w, C) -> (B, H/w, W/w, w, w, C)
+    x = te.placeholder(shape, name="x")
+    y = te.compute((1, 8, 8, 7, 7, 32), lambda b, i, j, p, q, c: x[b, i, p, j, q, c], name="y")
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func([x, y])}), TARGET,
+                                  topi_bn_ops=False, graph_ops=True)
+    script = mod["main"].script()
+    assert "T.vectorized(8)" in script and "T.parallel(3136)" in script
+    lib = tvm.compile(mod, target=TARGET)
+    xin = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    out = tvm.runtime.empty((1, 8, 8, 7, 7, 32), "float32")
+    lib["main"](tvm.runtime.tensor(xin), out)
+    np.testing.assert_array_equal(out.numpy(), xin.transpose(0, 1, 3, 2, 4, 5))
