@@ -291,20 +291,25 @@ class Gemm(ScheduleRule):
         return schedule_gemm(sch, target)
 
 
-def register_tile(rows: int, vectors: int, registers: int) -> tuple[int, int]:
+def register_tile(rows: int, vectors: int, registers: int,
+                  broadcast_cost: float = 0.0) -> tuple[int, int]:
     """``(mr, nv)``: rows and vectors (``nv`` dividing ``vectors``, the vectors across N) of a
     register tile that leaves, of ``registers`` vector registers, ``nv`` for the weight's
-    vectors and one for the broadcast value, with the most FMAs per load (``mr * nv / (mr +
-    nv)``: per k a tile loads ``nv`` vectors and broadcasts ``mr`` values), discounted by the
-    share of its last row tile that is padding when ``mr`` does not divide ``rows``; ties go to
-    fewer vectors. AVX2 (16 registers): 4 x 3 or 6 x 2; AVX-512 (32): 6 x 4 or 9 x 3."""
+    vectors and one for the broadcast value, with the most FMAs per load (``mr * nv / (mr * (1
+    + broadcast_cost) + nv)``: per k a tile loads ``nv`` vectors and broadcasts ``mr`` values,
+    a broadcast costing ``broadcast_cost`` FMAs more where it runs on an FMA pipe,
+    :class:`~topi_bn.schedules.helpers.CpuParams`), discounted by the share of its last row
+    tile that is padding when ``mr`` does not divide ``rows``; ties go to fewer vectors. AVX2
+    (16 registers, free broadcasts): 4 x 3 or 6 x 2; AVX-512 on Zen 4 / Zen 5 (32, broadcasts
+    half an FMA): 4 x 6 (llvm-mca on znver4: 89% of the FMA pipe, 6 x 4 83% and, with a row
+    predicate, 16 spills; sapphirerapids 100%)."""
     best = None
-    for nv in range(1, 5):
+    for nv in range(1, 9):
         if vectors % nv:
             continue
         for mr in range(1, min((registers - nv - 1) // nv, rows) + 1):
             tiles = -(-rows // mr)
-            score = mr * nv / (mr + nv) * rows / (tiles * mr)
+            score = mr * nv / (mr * (1 + broadcast_cost) + nv) * rows / (tiles * mr)
             if best is None or score > best[0] + 1e-9:
                 best = (score, mr, nv)
     return best[1], best[2]
@@ -332,7 +337,7 @@ def schedule_gemm(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         n = -(-n // width) * width
         sch.pad_einsum(b, [1] * (len(prod.extents) - 2) + [width, 1])
         sch.compute_inline(sch.get_consumers(b)[0])  # the copy out of the padded product
-    mr, nv = register_tile(prod.m, n // width, p.vector_registers)
+    mr, nv = register_tile(prod.m, n // width, p.vector_registers, p.broadcast_cost)
     nr = nv * width
     by_chunk = prod.k * n * 4 > p.l2_bytes // 2
     chunk = _chunk(n, prod.k, nr, p, by_chunk)

@@ -165,13 +165,14 @@ def test_matching():
 @pytest.mark.parametrize("target, rows, vectors, expected", [
     ("x86-avx2", 3136, 48, (4, 3)),     # 12 accumulators + 3 weight vectors + 1 broadcast
     ("x86-avx2", 196, 2, (6, 2)),
-    ("x86-avx512", 3136, 48, (6, 4)),   # 32 registers: 24 + 4 + 1
+    ("x86-avx512", 3136, 48, (4, 6)),   # 32 registers, a broadcast half an FMA: 24 + 6 + 1
     ("x86-avx2", 13, 12, (4, 3)),       # 13 rows: 4 tiles of 4, the last one row
     ("x86-avx2", 7, 1, (7, 1)),
 ])
 def test_register_tile(target, rows, vectors, expected):
-    regs = cpu_params(resolve_target(target)).vector_registers
-    mr, nv = register_tile(rows, vectors, regs)
+    p = cpu_params(resolve_target(target))
+    regs = p.vector_registers
+    mr, nv = register_tile(rows, vectors, regs, p.broadcast_cost)
     assert (mr, nv) == expected
     assert mr * nv + nv + 1 <= regs and vectors % nv == 0
 
@@ -209,3 +210,20 @@ def test_build_schedules_a_4d_matmul_with_gelu(scheduled_by):
     ref = h * (1 + erf(h / np.sqrt(2))) / 2
     rtol, atol = TOLERANCES["float32"]
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "znver5", "sapphirerapids"])
+@pytest.mark.parametrize("rows", [(196,), (197,)])
+def test_avx512_inner_loop_is_zmm_without_spills(mcpu, rows):
+    """Compiled for an AVX-512 CPU (never run): the tile loop of ViT-B's MLP product is
+    512-bit FMAs with every accumulator in a register (a 6 x 4 tile with the predicated 197th
+    row spilled 16 registers on znver4)."""
+    from topi_bn.testing.asm import asm_of, loops
+
+    func, _ = _product(rows, 768, 3072, (), "bias")
+    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert schedule_gemm(sch, target)
+    fma_loops = [lp for lp in loops(asm_of(tvm.compile(sch.mod, target=target))) if lp.fmas]
+    main = max(fma_loops, key=lambda lp: lp.fmas)
+    assert main.width == "zmm" and main.fmas >= 24 and main.spills == 0
