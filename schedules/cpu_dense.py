@@ -200,8 +200,8 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     if not isinstance(n_ext, tvm.tirx.IntImm) or not isinstance(k_ext, tvm.tirx.IntImm) \
             or int(n_ext) < lanes:
         return False
-    out = _output_block(sch, b)
-    if out is False:
+    out = _epilogue_block(sch, b)
+    if out is None:
         return False
     width = vector_width(int(n_ext), lanes)
     if width < min(4, lanes):
@@ -211,26 +211,6 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     else:
         _tiles_over_n(sch, b, out, _tile(int(n_ext), width, lanes, p.cores), width)
     return True
-
-
-def _output_block(sch: tvm.s_tir.Schedule, b):
-    """The one elementwise block after the product (bias add and activation inlined into
-    it), None when the product is the output, False when the consumers do not fit."""
-    consumers = sch.get_consumers(b)
-    if not consumers:
-        return None
-    if len(consumers) != 1:
-        return False
-    out = consumers[0]
-    while sch.get_consumers(out):
-        (nxt, *rest) = sch.get_consumers(out)
-        if rest:
-            return False
-        try:
-            sch.reverse_compute_inline(nxt)
-        except tvm.s_tir.ScheduleError:
-            return False
-    return out if len(sch.get_loops(out)) == 2 else False
 
 
 def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, width: int) -> None:
@@ -260,14 +240,6 @@ def _tiles_over_n(sch: tvm.s_tir.Schedule, b, out, tile: int, width: int) -> Non
         if width > 1:
             sch.vectorize(loop)
 
-    if out is None:  # the product is the output
-        m, nl, k = sch.get_loops(b)
-        no, ni = sch.split(nl, [None, tile])
-        sch.reorder(m, no, k, ni)
-        sch.parallel(sch.fuse(m, no))
-        vectorize(ni)
-        sch.decompose_reduction(b, k)
-        return
     m, nl = sch.get_loops(out)
     no, ni = sch.split(nl, [None, tile])
     task = sch.fuse(m, no)
@@ -328,6 +300,8 @@ def schedule_gemm(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     if width < min(4, p.lanes) and prod.n < p.lanes:
         return False
     b = prod.block
+    if sch.get_producers(b):  # (a producer of the weight would be taken for its padding)
+        return False
     out = _epilogue_block(sch, b)
     if out is None:
         return False
@@ -401,25 +375,30 @@ def _chunk(n: int, k: int, nr: int, p, by_chunk: bool) -> int:
 
 
 def _epilogue_block(sch: tvm.s_tir.Schedule, b):
-    """The one block after the product that writes the output, with every elementwise block
-    between inlined into it (a GELU reads the bias-added product twice); a copy block
-    (``cache_write``) when the product is the output; None when other blocks do not fit (a
-    producer, a reduction)."""
+    """The one block after the product ``b`` that writes the output, with every elementwise
+    block between inlined into it (a GELU reads the bias-added product twice); a copy block
+    (``cache_write``) when the product is the output; None when the blocks after it do not fit
+    (a reduction, two outputs)."""
     root = sch.get_sblock("root")
-    others = [c for c in sch.get_child_blocks(root) if not sch.get(c).same_as(sch.get(b))]
-    if sch.get_producers(b) or any(int(iv.iter_type) != 0 for c in others
-                                   for iv in sch.get(c).iter_vars):
+
+    def after():
+        blocks = list(sch.get_child_blocks(root))
+        at = next(i for i, c in enumerate(blocks) if sch.get(c).same_as(sch.get(b)))
+        return blocks[at + 1:]
+
+    if any(int(iv.iter_type) != 0 for c in after() for iv in sch.get(c).iter_vars):
         return None
-    for c in others:
+    for c in after():
         try:
             sch.compute_inline(c)
         except tvm.s_tir.ScheduleError:
             pass  # an output
-    rest = [c for c in sch.get_child_blocks(root) if not sch.get(c).same_as(sch.get(b))]
+    rest = after()
     if not rest:
         return sch.cache_write(b, 0, "global")
-    if len(rest) != 1 or sch.get(rest[0]).init is not None:
+    if len(rest) != 1:
         return None
+
     def extents(block):
         return [int(iv.dom.extent) for iv in sch.get(block).iter_vars]
 

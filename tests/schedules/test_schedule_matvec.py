@@ -184,3 +184,23 @@ def test_avx512_schedule_runs_on_avx2(m, k, n):
     lib["main"](*[tvm.runtime.tensor(a) for a in (x, w, b)], out)
     rtol, atol = TOLERANCES["float32"]
     np.testing.assert_allclose(out.numpy(), ref, rtol=rtol, atol=atol * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 64, 1000), (1, 95, 40)])
+def test_product_without_epilogue_matches_float64(m, k, n):
+    """The product as the function's output (no bias): written through a copy block (the
+    epilogue helper the Gemm shares), rows per core (K even) and tiles over N (K odd)."""
+    x = te.placeholder((m, k), name="x")
+    w = te.placeholder((k, n), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    mm = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="matmul")
+    sch, done = _schedule(te.create_prim_func([x, w, mm]))
+    assert done and "T.parallel" in sch.mod.script()
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    rng = np.random.default_rng(4)
+    xa, wa = (rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n)))
+    out = tvm.runtime.empty((m, n), "float32")
+    lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(wa), out)
+    rtol, atol = TOLERANCES["float32"]
+    np.testing.assert_allclose(out.numpy(), xa.astype("float64") @ wa, rtol=rtol,
+                               atol=atol * np.sqrt(k))
