@@ -6,6 +6,16 @@ import warnings
 import numpy as np
 import pytest
 
+# xdist workers share the machine's cores: each worker's TVM pool gets its share of them
+# (``import topi_bn`` would give every worker one thread per physical core, and spinning pools
+# on oversubscribed cores wait for each other's descheduled threads). A value the user set stands.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not (
+        os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")):
+    from topi_bn.threads import physical_cores
+
+    os.environ["TVM_NUM_THREADS"] = str(
+        max(1, physical_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture
 def rng():

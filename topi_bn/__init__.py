@@ -19,6 +19,12 @@ if not _os.path.isdir(_os.path.join(__path__[0], "schedules")) and _os.path.isfi
         _os.path.join(_root, "schedules", "common.py")):
     __path__.append(_root)
 
+from .threads import use_physical_cores as _use_physical_cores  # noqa: E402
+
+# TVM's thread pool takes half the logical CPUs on x86 unless told: one thread per physical
+# core instead, as ONNX Runtime, OpenVINO and PyTorch (topi_bn/threads.py says why).
+_use_physical_cores()
+
 import tvm.base as _tvm_base  # noqa: E402
 
 # On a board or under qemu only TVM's runtime is installed (no compiler): then only the runtime

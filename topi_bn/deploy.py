@@ -13,6 +13,8 @@ runtime (``tvm.runtime.vm``, unlike ``tvm.relax``, works without TVM's compiler 
     vm = VirtualMachine(tvm.runtime.load_module("model.so"), tvm.cpu())
     y = vm["main"](tvm.runtime.tensor(np.load("x.npy")))  # a tuple from torch.export
 
+with ``TVM_NUM_THREADS`` set to the machine's physical cores (TVM's runtime alone takes half the
+logical CPUs on x86: :mod:`topi_bn.threads`).
 ``topi-bn run model.so --input x.npy`` does the same (:func:`run_library`, which imports no
 compiler part of topi-bn) for a library of this machine's architecture;
 :func:`topi_bn.arm_emulation.run_library_under_qemu` runs an aarch64 one on x86.
