@@ -24,9 +24,13 @@ re-indexed) so that a tile of rows never straddles an image row. Tiles are group
 N whose weight slice (K x chunk) stays in L2. The weight is read from panels ``[N / nr, K,
 nr]``, one contiguous stream per tile column (the slice of a (K, N) weight is K rows N apart: a
 768 x 3072 weight touched 2300 pages per tile column; copied, ViT-B's MLP went from 41 to 72-77
-GFLOP/s on Zen 3, 2 threads, in a slow spell): when the weight is larger than half of L2 each
-chunk's panels are copied inside the parallel loop and the cores share out the chunks; else all
-of it is copied first and the cores share out row tiles. On Zen 3 (AVX2) the inner loop is 12 FMAs on 12 accumulators with 3 loads and 4
+GFLOP/s on Zen 3, 2 threads, in a slow spell). A constant weight (a model's ``linear`` /
+``MatMul``; the build marks it, :data:`CONSTANT_PARAMS`) is packed so once, by the build
+(``topi_bn/relax/packing.py``): the kernel's weight parameter is laid out as the panels and its
+block annotated :data:`PACKED_WEIGHT` (ViT-B's 197 x 768 x 3072 MLP: 7-12% faster than copying
+it every call, Zen 3, 2 threads). A weight given at run time is copied: when it is larger than
+half of L2 each chunk's panels inside the parallel loop, the cores sharing out the chunks; else
+all of it first, the cores sharing out row tiles. On Zen 3 (AVX2) the inner loop is 12 FMAs on 12 accumulators with 3 loads and 4
 broadcasts; ConvNeXt-T and ViT-B/16 shapes ran at 165-184 GFLOP/s on 2 threads (87-94 on one)
 in a fast spell of the development VM, 75-88 in a slow one. Columns that no vector of 4 or more
 divides (attention's ``q @ k^T`` over 197 tokens) are padded to whole vectors
@@ -63,13 +67,23 @@ from .common import ScheduleRule, sole_reduction
 from .helpers import cpu_params, vector_width
 
 __all__ = ["Gemm", "Matvec", "Product", "product_block", "register_tile", "schedule_gemm",
-           "schedule_matvec", "matvec_block", "MIN_ROWS"]
+           "schedule_matvec", "matvec_block", "MIN_ROWS", "CONSTANT_PARAMS", "PACKED_WEIGHT",
+           "pack_panels"]
 
 #: Most vectors per tile (accumulators live in registers across the K loop).
 MAX_TILE_VECTORS = 8
 
 #: Rows from which a product is a :class:`Gemm`; below, the :class:`Matvec` of a classifier.
 MIN_ROWS = 8
+
+#: PrimFunc attribute (``topi_bn.relax.packing.MarkConstantParams``): the positions of the
+#: parameters that every call of the function binds to a float32 constant, whose layout the
+#: build may choose.
+CONSTANT_PARAMS = "topi_bn.constant_params"
+
+#: Block annotation of a :class:`Gemm` whose weight parameter it re-laid out as panels, ``[param
+#: position, nr]``: the build packs the constant the same way (``PackConstantWeights``).
+PACKED_WEIGHT = "topi_bn.packed_weight"
 
 
 @dataclass(frozen=True)
@@ -324,7 +338,11 @@ def schedule_gemm(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     task = sch.fuse(*batch, co) if by_chunk else sch.fuse(*batch, co, ro)
     sch.parallel(task)
     sch.reverse_compute_at(out, ct, preserve_unit_loops=False)
-    _pack_right(sch, b, prod, nr, width, task if by_chunk else None)
+    param = _constant_param(sch, prod)
+    if param is not None and n == prod.n:
+        _panels_at_build(sch, b, prod, nr, param)
+    else:
+        _pack_right(sch, b, prod, nr, width, task if by_chunk else None)
     vec, lanes = sch.split(ci, [None, width])
     sch.unroll(ri)
     sch.unroll(vec)
@@ -362,6 +380,36 @@ def _pack_right(sch: tvm.s_tir.Schedule, b, prod: Product, nr: int, width: int, 
         sch.parallel(sch.fuse(*outer, panel))
         _, lanes = sch.split(inner, [None, width])
     sch.vectorize(lanes)
+
+
+def _constant_param(sch: tvm.s_tir.Schedule, prod: Product) -> int | None:
+    """Position of the weight's parameter when every call binds it to a constant
+    (:data:`CONSTANT_PARAMS`) and the product has no batch axes, else None."""
+    func = sch.mod["main"]
+    marked = func.attrs.get(CONSTANT_PARAMS) if func.attrs is not None else None
+    if marked is None or prod.batch:
+        return None
+    # a parameter and the buffer it binds share their name (TVM 0.27 exposes no buffer map)
+    named = [i for i, v in enumerate(func.params) if v.name == prod.right.name]
+    return named[0] if len(named) == 1 and named[0] in {int(i) for i in marked} else None
+
+
+def _panels_at_build(sch: tvm.s_tir.Schedule, b, prod: Product, nr: int, param: int) -> None:
+    """The weight parameter itself laid out as the panels ``[N / nr, K, nr]`` that
+    :func:`_pack_right` would copy it into, the block annotated :data:`PACKED_WEIGHT`: the
+    build packs the constant once (:func:`pack_panels`) instead of every call copying it."""
+    reads = sch.get(b).reads
+    at = next(i for i, r in enumerate(reads) if r.source.same_as(prod.right))
+    sch.transform_layout(b, ("read", at), IndexMap.from_func(
+        lambda k, n: [n // nr, k, n % nr], ndim=2))
+    sch.annotate(b, PACKED_WEIGHT, [param, nr])
+
+
+def pack_panels(weight, nr: int):
+    """A ``(K, N)`` weight (NumPy) in the panels ``[N / nr, K, nr]`` of a :class:`Gemm` tile
+    ``nr`` columns wide (:data:`PACKED_WEIGHT`)."""
+    k, n = weight.shape
+    return weight.reshape(k, n // nr, nr).transpose(1, 0, 2).copy()
 
 
 def _chunk(n: int, k: int, nr: int, p, by_chunk: bool) -> int:

@@ -4,7 +4,9 @@
 blocked channel layout (:class:`~topi_bn.relax.blocked.BlockedLayout`), legalization through
 the topi-bn registration, then after FuseTIR the tuning records, the default schedules
 (:class:`ApplyDefaultSchedules`), the CPU schedules of TVM's own graph ops
-(:class:`ScheduleCpuGraphOps`) and int32 indices (:class:`NarrowKernelIndices`);
+(:class:`ScheduleCpuGraphOps`, with the constant weights of matrix products packed as their
+schedule reads them: :mod:`topi_bn.relax.packing`) and int32 indices
+(:class:`NarrowKernelIndices`);
 :func:`lower` compiles a module with it. What the ``bn=`` modes do to a module before it is
 lowered is in :mod:`topi_bn.relax.modes`.
 """
@@ -22,6 +24,7 @@ from topi_bn.schedules.common import block_names, has_topi_bn_blocks
 from ..compute.fast_math import LEGALIZE as FAST_MATH_OPS
 from ..targets import resolve_target, target_family
 from .blocked import BlockedLayout
+from .packing import MarkConstantParams, PackConstantWeights
 from .registration import ACTIVATION_OPS, MODE_ATTR, StripKernelDescriptions, legalize_options
 
 __all__ = ["LAYOUTS", "BLOCKED_MODES", "ApplyDefaultSchedules", "ScheduleCpuGraphOps",
@@ -229,7 +232,7 @@ def pipeline(target: Any, database=None, layout: str = "auto",
             ours.append(relax.transform.MetaScheduleApplyDatabase())
         ours.append(ApplyDefaultSchedules(target))
         if ours_too and target_family(target) in ("x86", "arm"):
-            ours.append(ScheduleCpuGraphOps(target))
+            ours += [MarkConstantParams(), ScheduleCpuGraphOps(target), PackConstantWeights()]
         ours.append(NarrowKernelIndices())
         legalize[at:at] = ours
         return (first + list(rp.library_dispatch_passes(target)) + legalize
