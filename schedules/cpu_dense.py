@@ -27,8 +27,10 @@ nr]``, one contiguous stream per tile column (the slice of a (K, N) weight is K 
 GFLOP/s on Zen 3, 2 threads, in a slow spell). A constant weight (a model's ``linear`` /
 ``MatMul``; the build marks it, :data:`CONSTANT_PARAMS`) is packed so once, by the build
 (``topi_bn/relax/packing.py``): the kernel's weight parameter is laid out as the panels and its
-block annotated :data:`PACKED_WEIGHT` (ViT-B's 197 x 768 x 3072 MLP: 7-12% faster than copying
-it every call, Zen 3, 2 threads). A weight given at run time is copied: when it is larger than
+block annotated :data:`PACKED_WEIGHT` (Zen 3, 2 threads, in turns: a ViT-B MLP block alone,
+197 x 768 x 3072 and back, 7-12% faster than copying the weight every call; in the whole
+ViT-B/16, whose 344 MB of weights come from memory either way, no gain: 278 against 270 ms;
+ConvNeXt-T 72 against 78 ms). A weight given at run time is copied: when it is larger than
 half of L2 each chunk's panels inside the parallel loop, the cores sharing out the chunks; else
 all of it first, the cores sharing out row tiles. On Zen 3 (AVX2) the inner loop is 12 FMAs on 12 accumulators with 3 loads and 4
 broadcasts; ConvNeXt-T and ViT-B/16 shapes ran at 165-184 GFLOP/s on 2 threads (87-94 on one)
