@@ -20,7 +20,6 @@ target or computes the key again. Every function here that takes a target accept
 """
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -29,18 +28,13 @@ from typing import Any, Mapping
 import tvm
 from tvm.target import Target
 
+from .threads import logical_cores
+
 __all__ = [
     "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
     "vector_bits", "vector_lanes", "num_cores", "host_can_run", "check_host_can_run",
     "with_gpu_limits",
 ]
-
-
-def _host_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _cpu_flags() -> set[str]:
@@ -81,11 +75,11 @@ _AMX_CPUS = ("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-
 
 def host_x86_target_dict() -> dict:
     """Target dict of this machine's CPU (the ``x86`` name)."""
-    return {"kind": "llvm", "mcpu": _host_mcpu(), "num-cores": _host_cores()}
+    return {"kind": "llvm", "mcpu": _host_mcpu(), "num-cores": logical_cores()}
 
 
 def _named() -> dict[str, Any]:
-    cores = _host_cores()
+    cores = logical_cores()
     return {
         "x86": host_x86_target_dict,
         "x86-avx512": lambda: {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": cores},
@@ -176,7 +170,7 @@ def _with_num_cores(t: Target) -> Target:
         return t
     config = dict(t.export())
     config.pop("keys", None)
-    config["num-cores"] = 4 if target_family(t) == "arm" else _host_cores()
+    config["num-cores"] = 4 if target_family(t) == "arm" else logical_cores()
     return Target(config)
 
 
@@ -343,7 +337,7 @@ def num_cores(target: Any) -> int:
     """``num-cores`` of a CPU target, or this machine's core count when the target has none."""
     t = resolve_target(target)
     n = t.attrs.get("num-cores", 0)
-    return int(n) if n else _host_cores()
+    return int(n) if n else logical_cores()
 
 
 # LLVM feature name -> /proc/cpuinfo flag, for the x86 features code generation may use: a CPU

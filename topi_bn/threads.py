@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["physical_cores", "use_physical_cores"]
+__all__ = ["logical_cores", "physical_cores", "use_physical_cores"]
 
 _SYS_CPU = "/sys/devices/system/cpu"
 
@@ -28,6 +28,11 @@ def _allowed_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
+
+
+def logical_cores() -> int:
+    """Logical CPUs this process may run on (its affinity; all of them where there is none)."""
+    return len(_allowed_cpus())
 
 
 def physical_cores(cpus: list[int] | None = None, sys_cpu: str = _SYS_CPU) -> int:

@@ -18,6 +18,8 @@ import contextlib
 import os
 import sys
 
+from ..threads import logical_cores
+
 __all__ = ["host_threads", "set_threads", "thread_env", "reexec_with_thread_env",
            "THREADS_POLICIES", "check_threads_policy", "start_cpus", "worker_env",
            "user_thread_env"]
@@ -82,11 +84,8 @@ def worker_env(threads: int) -> dict[str, str]:
 
 
 def host_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    """Cores this process may run on (:func:`topi_bn.threads.logical_cores`)."""
+    return logical_cores()
 
 
 def thread_env(spin_wait: bool) -> dict[str, str]:

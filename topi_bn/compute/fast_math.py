@@ -164,7 +164,7 @@ def _elementwise(fn, name: str):
     def legalize(bb, call):
         x = call.args[0]
         if getattr(x.ty, "dtype", None) != "float32":
-            return _ORIGINAL(call.op.name)(bb, call)
+            return _tvm_legalization(call.op.name)(bb, call)
         return bb.call_te(lambda t: te.compute(t.shape, lambda *i: fn(t(*i)), name=name,
                                                tag="elemwise"), x, primfunc_name_hint=name)
     return legalize
@@ -173,11 +173,11 @@ def _elementwise(fn, name: str):
 def _legalize_softmax(bb, call):
     x = call.args[0]
     if getattr(x.ty, "dtype", None) != "float32":
-        return _ORIGINAL(call.op.name)(bb, call)
+        return _tvm_legalization(call.op.name)(bb, call)
     return bb.call_te(softmax, x, int(call.attrs.axis), primfunc_name_hint="softmax")
 
 
-def _ORIGINAL(op_name: str):
+def _tvm_legalization(op_name: str):
     return tvm.ir.Op.get(op_name).get_attr("FLegalize")
 
 

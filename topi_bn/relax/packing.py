@@ -80,8 +80,7 @@ class MarkConstantParams:
                     or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):
                 continue
             marked = [i for i in range(len(calls[0]))
-                      if all(len(args) == len(calls[0]) and _float32_constant(args[i])
-                             for args in calls)]
+                      if all(_float32_constant(args[i]) for args in calls)]
             if marked:
                 out = mod.clone() if out is None else out
                 out.update_func(gv, func.with_attr(CONSTANT_PARAMS, marked))
@@ -91,11 +90,10 @@ class MarkConstantParams:
 def _packed_weight(func: tvm.tirx.PrimFunc):
     """``(param position, nr)`` of the block of ``func`` annotated ``PACKED_WEIGHT``, or None."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        for inner in [block, *sch.get_child_blocks(block)]:
-            note = sch.get(inner).annotations.get(PACKED_WEIGHT)
-            if note is not None:
-                return tuple(int(v) for v in note)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):  # the Gemm nests no blocks
+        note = sch.get(block).annotations.get(PACKED_WEIGHT)
+        if note is not None:
+            return tuple(int(v) for v in note)
     return None
 
 
@@ -134,7 +132,7 @@ class PackConstantWeights:
     packed the same way at every call (module docstring); ``CONSTANT_PARAMS`` dropped."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        packed, out = {}, mod.clone()
+        packed, out = {}, None
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None \
                     or CONSTANT_PARAMS not in func.attrs:
@@ -142,9 +140,10 @@ class PackConstantWeights:
             found = _packed_weight(func)
             if found is not None:
                 packed[gv] = found
+            out = mod.clone() if out is None else out
             out.update_func(gv, func.without_attr(CONSTANT_PARAMS))
         if not packed:
-            return out
+            return mod if out is None else out
         mutator = _Repack(out, packed)
         for gv, func in out.functions_items():
             if isinstance(func, relax.Function):
