@@ -723,3 +723,25 @@ def test_a_round_in_turns_starts_with_an_untimed_call(monkeypatch):
     events.clear()
     host.round([("k", 2, False)])
     assert events == ["clock", "call", "call", "clock"]
+
+
+def test_import_path_line_pairs_builds_of_the_same_dtype():
+    """The ONNX float32 build's line names the float32 torch.export build's kernels, not those
+    of the bf16 torch.export build the same run made after it (a run with ``--dtype bfloat16``
+    once printed the bf16 build's kernel counts beside the float32 ONNX build's)."""
+    from topi_bn.bench.report import import_path_ratios
+    from topi_bn.bench.runner import Result
+    from topi_bn.bench.timing import Timing
+
+    def row(path, dtype, ms, note):
+        label = "fused" if dtype == "float32" else "fused bf16"
+        return Result("net", "network", f"topi-bn {label} ({path})", "topi-bn",
+                      timing=Timing([ms / 1e3], 1), note=note, dtype=dtype,
+                      extra={"mode": "fused", "layout": "auto", "path": path})
+
+    results = [row("torch.export", "float32", 2.0, "f32 export kernels"),
+               row("ONNX", "float32", 2.1, "f32 onnx kernels"),
+               row("torch.export", "bfloat16", 1.5, "bf16 export kernels")]
+    line, = import_path_ratios(results)
+    assert line.startswith("- net fused: ONNX 2.10 ms, torch.export 2.00 ms")
+    assert "torch.export [f32 export kernels]" in line and "bf16" not in line

@@ -319,12 +319,14 @@ def import_path_ratios(results: Sequence[Result]) -> list[str]:
     model imported either way should build to the same kernels and run alike), from their
     timing in turns when the run made one (:func:`topi_bn.bench.networks`), else from the two
     rows."""
-    by = {(r.workload, r.extra.get("mode"), r.extra.get("layout"), r.extra.get("path")): r
+    by = {(r.workload, r.dtype, r.extra.get("mode"), r.extra.get("layout"),
+           r.extra.get("path")): r
           for r in results if r.timing is not None and "path" in r.extra
           and r.extra.get("winograd", True)}
     lines = []
-    for (net, mode, layout, path), r in by.items():
-        other = by.get((net, mode, layout, "torch.export"))
+    for (net, dtype, mode, layout, path), r in by.items():
+        # the bf16 builds of a run (torch.export only) are not the float32 builds' partners
+        other = by.get((net, dtype, mode, layout, "torch.export"))
         if path == "ONNX" and other is not None:
             name = f"{mode} NCHW" if layout == "keep" else mode
             turns = r.extra.get("in_turns_ms")
