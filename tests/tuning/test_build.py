@@ -238,10 +238,15 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
 
 
 #: (shipped log, workload) pairs that must have a record that applies to today's computes.
-#: x86-avx512: conv records only (its BN / layer_norm records were dropped when those computes
-#: changed; see its README). x86-avx2: every op, NCHW and blocked.
+#: Both: every op, NCHW and blocked (x86-avx512's blocked, Winograd, folded, training-BN and
+#: layer_norm records were tuned on a Zen 5 on 2026-11-26; see its README).
 SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu"),
            ("x86-avx512", "mobilenetv2.dw3x3_144_144_56_s2_relu6"),
+           ("x86-avx512", "mobilenetv2.conv1x1_160_960_7_s1_relu6.nchw16c"),
+           ("x86-avx512", "resnet50.conv1x1_128_512_28_s1_relu_res.nchw16c.folded"),
+           ("x86-avx512", "resnet50.conv3x3_128_128_28_s1_relu.nchw16c.winograd4"),
+           ("x86-avx512", "bn_train.nchw_32x64x56x56"),
+           ("x86-avx512", "layer_norm.512x4096"),
            ("x86-avx2", "resnet50.conv3x3_64_64_56_s1_relu"),
            ("x86-avx2", "resnet50.conv1x1_256_64_56_s1_relu.nchw8c"),
            ("x86-avx2", "bn_train.nchw_8x256x28x28"),
