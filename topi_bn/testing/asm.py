@@ -29,6 +29,7 @@ bound (every load waits for every store before it).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -135,6 +136,18 @@ class McaResult:
     mcpu: str
     cycles: float
     fma_util: float
+
+
+@functools.lru_cache(maxsize=None)
+def mca_models(mcpu: str) -> bool:
+    """Whether the installed llvm-mca has a model of LLVM CPU ``mcpu`` (the Debian LLVM 14
+    ``llvm-mca`` has none of ``znver4`` / ``znver5``: it ignores the name and then rejects the
+    AVX-512 code)."""
+    if MCA is None:
+        return False
+    err = subprocess.run([MCA, f"-mcpu={mcpu}", os.devnull], capture_output=True,
+                         text=True).stderr
+    return "not a recognized processor" not in err
 
 
 def run_mca(loop: Loop, mcpu: str, iterations: int = 200, noalias: bool = True) -> McaResult:
