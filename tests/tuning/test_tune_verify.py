@@ -215,3 +215,30 @@ def test_interleaved_timing_flushes_all_but_the_data_input(flush):
         assert timed == [(1, 10, "cache_flush_cpu_non_first_arg")] * 2
     else:
         assert timed == [(10, 1, "")] * 2
+
+
+def test_a_searched_record_tied_with_the_default_is_dropped_too(tmp_path):
+    """When the default schedule wins, no searched record that the log ranks level with it
+    stays (a tie happens when both failed to run under load and carry the runner's error
+    time): the build must run the default, not whichever of the tied records comes first."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn.tuning_db import merge_records, run_time
+    from topi_bn.tuning_verify import verify_log
+
+    log = _log_with_a_fast_tuned_record(str(tmp_path / "log"))
+    func, mod = _func_and_mod()
+    records = _top(log)
+    default = next(r for r in records if _is_default(r, mod, func))
+    searched = [r for r in records if not _is_default(r, mod, func)]
+    tied = ms.database.TuningRecord(searched[-1].trace, searched[-1].workload,
+                                    list(default.run_secs), searched[-1].target,
+                                    searched[-1].args_info)
+    merge_records(log, mod, [tied])
+    (res,) = verify_log(TARGET, WORKLOAD, log, progress=None,
+                        measure=lambda mods, args: [130.0, 100.0])
+    assert res.status == "pruned"
+    after = _top(log)
+    assert _is_default(after[0], mod, func)
+    assert not [r for r in after if not _is_default(r, mod, func)
+                and run_time(r) <= run_time(default)]
