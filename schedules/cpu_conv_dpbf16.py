@@ -88,26 +88,24 @@ def micro_kernel_ir(tile: int, native: bool) -> str:
                   "<" + ", ".join(f"i32 {2 * j}" for j in range(16)) + ">",
                   "  %wodd = shufflevector <32 x float> %wf, <32 x float> poison, <16 x i32> "
                   "<" + ", ".join(f"i32 {2 * j + 1}" for j in range(16)) + ">"]
+    # the input pair is splatted as float32 where it feeds vdpbf16ps: passed last, LLVM then
+    # folds the load into the instruction (vdpbf16ps (mem){1to16}); an i32 splat, or the splat
+    # as the first multiplicand, compiled to a vbroadcastss per instruction. The float32 form
+    # takes the pair's halves apart as i32.
+    ty = "float" if native else "i32"
     for t in range(tile):
         lines += [f"  %xi{t} = add i32 %xo{t}, %x2",
-                  f"  %xp{t} = getelementptr i16, ptr %x, i32 %xi{t}"]
+                  f"  %xp{t} = getelementptr i16, ptr %x, i32 %xi{t}",
+                  f"  %xw{t} = load {ty}, ptr %xp{t}, align 2",
+                  f"  %xe{t} = insertelement <16 x {ty}> poison, {ty} %xw{t}, i64 0",
+                  f"  %xb{t} = shufflevector <16 x {ty}> %xe{t}, <16 x {ty}> poison, "
+                  f"<16 x i32> zeroinitializer"]
         if native:
-            # the pair broadcast as a float32 splat and passed last: LLVM then folds the load
-            # into the instruction (vdpbf16ps (mem){1to16}); an i32 splat, or the splat as
-            # the first multiplicand, compiled to a vbroadcastss per instruction
-            lines += [f"  %xw{t} = load float, ptr %xp{t}, align 2",
-                      f"  %xe{t} = insertelement <16 x float> poison, float %xw{t}, i64 0",
-                      f"  %xb{t} = shufflevector <16 x float> %xe{t}, <16 x float> poison, "
-                      f"<16 x i32> zeroinitializer",
-                      f"  %xv{t} = bitcast <16 x float> %xb{t} to <32 x bfloat>",
+            lines += [f"  %xv{t} = bitcast <16 x float> %xb{t} to <32 x bfloat>",
                       f"  %n{t} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512("
                       f"<16 x float> %c{t}, <32 x bfloat> %wv, <32 x bfloat> %xv{t})"]
         else:  # the pair's odd (high) element first, then the even one, as vdpbf16ps does
-            lines += [f"  %xw{t} = load i32, ptr %xp{t}, align 2",
-                      f"  %xe{t} = insertelement <16 x i32> poison, i32 %xw{t}, i64 0",
-                      f"  %xb{t} = shufflevector <16 x i32> %xe{t}, <16 x i32> poison, "
-                      f"<16 x i32> zeroinitializer",
-                      f"  %xh{t} = and <16 x i32> %xb{t}, splat (i32 -65536)",
+            lines += [f"  %xh{t} = and <16 x i32> %xb{t}, splat (i32 -65536)",
                       f"  %xl{t} = shl <16 x i32> %xb{t}, splat (i32 16)",
                       f"  %xhf{t} = bitcast <16 x i32> %xh{t} to <16 x float>",
                       f"  %xlf{t} = bitcast <16 x i32> %xl{t} to <16 x float>",
