@@ -11,19 +11,23 @@ kernel's own LLVM module (``pragma_import_llvm``) and LLVM inlines: the kernel's
 ``vdpbf16ps`` in its inner loop, with no library to ship or load. The IR bitcasts the ``i16``
 data to ``<32 x bfloat>`` itself.
 
-The micro-kernel ``tb_dpbf16_t<T>(acc, x, w, xstep, pairs, cstep)`` is one register tile:
-``T`` output positions x 16 output channels (``T`` zmm accumulators, loaded once, stored once),
-over ``pairs`` input-channel pairs: per pair one weight vector (``kb x 2`` bf16, 64 bytes) and,
-per position, one broadcast 32-bit pair of inputs and one ``vdpbf16ps``. On targets without
-AVX512_BF16 the same function is written with float32 multiplies and adds in the instruction's
-order (odd element of the pair first, each product exact in float32), so the schedule and its
-numerics are testable anywhere (``vdpbf16ps`` also flushes bf16 denormals to zero, the fallback
-does not).
+The micro-kernel (:func:`kernel_name`: ``tb_dpbf16_t<T>[_b<B>][_l8]``; arguments ``acc, x, w,
+xstep, pairs, cstep, wstep, bstep``) is one register tile: ``B`` output-channel blocks x ``T``
+output positions of ``L`` channels (``B x T`` accumulators, loaded once, stored once; ``L`` 16
+in zmm, or 8 in ymm for 8-channel output blocks such as MobileNetV2's 24-channel layers, by
+``vdpbf16ps``'s 256-bit form), over ``pairs`` input-channel pairs: per pair ``B`` weight vectors
+(``L x 2`` bf16 each) and, per position, one broadcast 32-bit pair of inputs that the blocks
+share, and ``B`` ``vdpbf16ps``. On targets without AVX512_BF16 the same function is written
+with float32 multiplies and adds in the instruction's order (odd element of the pair first,
+each product exact in float32), so the schedule and its numerics are testable anywhere
+(``vdpbf16ps`` also flushes bf16 denormals to zero, the fallback does not).
 
-Loops (the epilogue's): ``(n, ko, oh)`` one parallel loop, ``ow`` split into register tiles of
-``T`` positions (a divisor of OW, by default the largest up to :data:`MAX_TILE`); under each
-tile the conv runs ``rco, ry, rx`` in TIR around the micro-kernel over the ``cb / 2`` pairs,
-then the BN, residual and activation in float32 vectors before one bf16 store. ``T`` is a knob
+Loops (the epilogue's): ``(n, ko / B, oh)`` one parallel loop, ``ow`` split into register
+tiles of ``T`` positions (a divisor of OW, by default the largest up to :data:`MAX_TILE`), ``B``
+by :func:`default_blocks` (more than one only on narrow maps: a 7-wide map's 7 positions are
+too few accumulators to cover the instruction's latency); under each tile the conv runs ``rco,
+ry, rx`` in TIR around the micro-kernel over the ``cb / 2`` pairs, then the BN, residual and
+activation in float32 vectors before one bf16 store. ``T`` is a knob
 (:func:`~topi_bn.schedules.helpers.knob`: the divisors of OW up to ``CpuParams.accumulators``
 when tuning); whether ``vdpbf16ps`` or the float32 form is inlined is ``CpuParams.bf16_dot``.
 """
@@ -36,10 +40,11 @@ from tvm.target import Target
 from .common import ScheduleRule, inline_consumers, op_blocks
 from .helpers import cpu_params, divisors, knob
 
-__all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "intrin_name", "native_dpbf16",
+__all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "kernel_name", "intrin_name",
+           "native_dpbf16", "default_tile", "default_blocks",
            "MAX_TILE", "LANES"]
 
-#: output channels per register (the float32 lanes of a zmm)
+#: output channels per register (the float32 lanes of a zmm); 8-channel output blocks use ymm
 LANES = 16
 #: most output positions of the default register tile, as the float32 blocked conv's 14: that
 #: many independent accumulators cover vdpbf16ps's latency (6 cycles in LLVM 19's Zen 4/5
@@ -54,40 +59,56 @@ def native_dpbf16(target: Target) -> bool:
     return cpu_params(target).bf16_dot
 
 
-def micro_kernel_ir(tile: int, native: bool) -> str:
-    """LLVM IR of ``void tb_dpbf16_t<tile>(ptr acc, ptr x, ptr w, i32 xstep, i32 pairs, i32
-    cstep)``: ``acc[t * cstep + k] += sum_p x[t * xstep + 2p + 1] * w[p][k][1] + x[t * xstep +
-    2p] * w[p][k][0]`` for ``t < tile``, ``k < 16``, ``p < pairs`` (``pairs >= 1``); bf16
-    ``x`` and ``w`` (as ``i16``), float32 ``acc``. ``native``: by ``vdpbf16ps``; else in
-    float32 arithmetic, the same order."""
-    name = f"tb_dpbf16_t{tile}{'' if native else '_f32'}"
+def kernel_name(tile: int, native: bool, blocks: int = 1, lanes: int = LANES) -> str:
+    """Name of the micro-kernel of ``blocks`` x ``tile`` register vectors of ``lanes``."""
+    return (f"tb_dpbf16_t{tile}" + (f"_b{blocks}" if blocks > 1 else "")
+            + (f"_l{lanes}" if lanes != LANES else "") + ("" if native else "_f32"))
+
+
+def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES) -> str:
+    """LLVM IR of ``void <kernel_name>(ptr acc, ptr x, ptr w, i32 xstep, i32 pairs, i32 cstep,
+    i32 wstep, i32 bstep)``: ``acc[b * bstep + t * cstep + k] += sum_p x[t * xstep + 2p + 1] *
+    w[b * wstep + (p * lanes + k) * 2 + 1] + x[t * xstep + 2p] * w[b * wstep + (p * lanes + k)
+    * 2]`` for ``b < blocks``, ``t < tile``, ``k < lanes``, ``p < pairs`` (``pairs >= 1``);
+    bf16 ``x`` and ``w`` (as ``i16``), float32 ``acc``. ``lanes`` 16 (zmm) or 8 (ymm, for
+    8-channel output blocks); the blocks of a tile share each broadcast input pair.
+    ``native``: by ``vdpbf16ps``; else in float32 arithmetic, the same order."""
+    if lanes not in (8, 16):
+        raise ValueError(f"lanes: expected 8 or 16, got {lanes}")
+    name = kernel_name(tile, native, blocks, lanes)
+    vf, vb, vi = f"<{lanes} x float>", f"<{2 * lanes} x bfloat>", f"<{2 * lanes} x i16>"
+    acc = [(b, t) for b in range(blocks) for t in range(tile)]
     lines = [
         f"define internal void @{name}(ptr noalias %acc, ptr noalias %x, ptr noalias %w, "
-        f"i32 %xstep, i32 %pairs, i32 %cstep) alwaysinline {{",
+        f"i32 %xstep, i32 %pairs, i32 %cstep, i32 %wstep, i32 %bstep) alwaysinline {{",
         "entry:",
     ]
+    for b in range(blocks):
+        lines += [f"  %bo{b} = mul i32 %bstep, {b}", f"  %wb{b} = mul i32 %wstep, {b}"]
     for t in range(tile):
-        lines += [f"  %co{t} = mul i32 %cstep, {t}",
-                  f"  %ap{t} = getelementptr float, ptr %acc, i32 %co{t}",
-                  f"  %a{t} = load <16 x float>, ptr %ap{t}, align 4",
-                  f"  %xo{t} = mul i32 %xstep, {t}"]
+        lines += [f"  %co{t} = mul i32 %cstep, {t}", f"  %xo{t} = mul i32 %xstep, {t}"]
+    for b, t in acc:
+        lines += [f"  %ao{b}_{t} = add i32 %bo{b}, %co{t}",
+                  f"  %ap{b}_{t} = getelementptr float, ptr %acc, i32 %ao{b}_{t}",
+                  f"  %a{b}_{t} = load {vf}, ptr %ap{b}_{t}, align 4"]
     lines += ["  br label %loop", "loop:", "  %p = phi i32 [0, %entry], [%p1, %loop]"]
-    for t in range(tile):
-        lines.append(f"  %c{t} = phi <16 x float> [%a{t}, %entry], [%n{t}, %loop]")
-    lines += ["  %wo = mul i32 %p, 32",
-              "  %wp = getelementptr i16, ptr %w, i32 %wo",
-              "  %x2 = mul i32 %p, 2"]
-    if native:
-        lines.append("  %wv = load <32 x bfloat>, ptr %wp, align 2")
-    else:
-        lines += ["  %wi = load <32 x i16>, ptr %wp, align 2",
-                  "  %wz = zext <32 x i16> %wi to <32 x i32>",
-                  "  %ws = shl <32 x i32> %wz, splat (i32 16)",
-                  "  %wf = bitcast <32 x i32> %ws to <32 x float>",
-                  "  %weven = shufflevector <32 x float> %wf, <32 x float> poison, <16 x i32> "
-                  "<" + ", ".join(f"i32 {2 * j}" for j in range(16)) + ">",
-                  "  %wodd = shufflevector <32 x float> %wf, <32 x float> poison, <16 x i32> "
-                  "<" + ", ".join(f"i32 {2 * j + 1}" for j in range(16)) + ">"]
+    for b, t in acc:
+        lines.append(f"  %c{b}_{t} = phi {vf} [%a{b}_{t}, %entry], [%n{b}_{t}, %loop]")
+    lines += [f"  %wo = mul i32 %p, {2 * lanes}", "  %x2 = mul i32 %p, 2"]
+    for b in range(blocks):
+        lines += [f"  %wi{b} = add i32 %wo, %wb{b}",
+                  f"  %wp{b} = getelementptr i16, ptr %w, i32 %wi{b}"]
+        if native:
+            lines.append(f"  %wv{b} = load {vb}, ptr %wp{b}, align 2")
+            continue
+        lines += [f"  %wl{b} = load {vi}, ptr %wp{b}, align 2",
+                  f"  %wz{b} = zext {vi} %wl{b} to <{2 * lanes} x i32>",
+                  f"  %ws{b} = shl <{2 * lanes} x i32> %wz{b}, splat (i32 16)",
+                  f"  %wf{b} = bitcast <{2 * lanes} x i32> %ws{b} to <{2 * lanes} x float>"]
+        for half, first in (("weven", 0), ("wodd", 1)):
+            idx = ", ".join(f"i32 {2 * j + first}" for j in range(lanes))
+            lines.append(f"  %{half}{b} = shufflevector <{2 * lanes} x float> %wf{b}, "
+                         f"<{2 * lanes} x float> poison, <{lanes} x i32> <{idx}>")
     # the input pair is splatted as float32 where it feeds vdpbf16ps: passed last, LLVM then
     # folds the load into the instruction (vdpbf16ps (mem){1to16}); an i32 splat, or the splat
     # as the first multiplicand, compiled to a vbroadcastss per instruction. The float32 form
@@ -97,87 +118,126 @@ def micro_kernel_ir(tile: int, native: bool) -> str:
         lines += [f"  %xi{t} = add i32 %xo{t}, %x2",
                   f"  %xp{t} = getelementptr i16, ptr %x, i32 %xi{t}",
                   f"  %xw{t} = load {ty}, ptr %xp{t}, align 2",
-                  f"  %xe{t} = insertelement <16 x {ty}> poison, {ty} %xw{t}, i64 0",
-                  f"  %xb{t} = shufflevector <16 x {ty}> %xe{t}, <16 x {ty}> poison, "
-                  f"<16 x i32> zeroinitializer"]
+                  f"  %xe{t} = insertelement <{lanes} x {ty}> poison, {ty} %xw{t}, i64 0",
+                  f"  %xb{t} = shufflevector <{lanes} x {ty}> %xe{t}, <{lanes} x {ty}> poison, "
+                  f"<{lanes} x i32> zeroinitializer"]
         if native:
-            lines += [f"  %xv{t} = bitcast <16 x float> %xb{t} to <32 x bfloat>",
-                      f"  %n{t} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512("
-                      f"<16 x float> %c{t}, <32 x bfloat> %wv, <32 x bfloat> %xv{t})"]
+            lines.append(f"  %xv{t} = bitcast {vf} %xb{t} to {vb}")
         else:  # the pair's odd (high) element first, then the even one, as vdpbf16ps does
-            lines += [f"  %xh{t} = and <16 x i32> %xb{t}, splat (i32 -65536)",
-                      f"  %xl{t} = shl <16 x i32> %xb{t}, splat (i32 16)",
-                      f"  %xhf{t} = bitcast <16 x i32> %xh{t} to <16 x float>",
-                      f"  %xlf{t} = bitcast <16 x i32> %xl{t} to <16 x float>",
-                      f"  %mo{t} = fmul <16 x float> %xhf{t}, %wodd",
-                      f"  %s{t} = fadd <16 x float> %c{t}, %mo{t}",
-                      f"  %me{t} = fmul <16 x float> %xlf{t}, %weven",
-                      f"  %n{t} = fadd <16 x float> %s{t}, %me{t}"]
+            lines += [f"  %xh{t} = and <{lanes} x i32> %xb{t}, splat (i32 -65536)",
+                      f"  %xl{t} = shl <{lanes} x i32> %xb{t}, splat (i32 16)",
+                      f"  %xhf{t} = bitcast <{lanes} x i32> %xh{t} to {vf}",
+                      f"  %xlf{t} = bitcast <{lanes} x i32> %xl{t} to {vf}"]
+    intrin = f"@llvm.x86.avx512bf16.dpbf16ps.{32 * lanes}"
+    for b, t in acc:
+        if native:
+            lines.append(f"  %n{b}_{t} = call {vf} {intrin}({vf} %c{b}_{t}, {vb} %wv{b}, "
+                         f"{vb} %xv{t})")
+        else:
+            lines += [f"  %mo{b}_{t} = fmul {vf} %xhf{t}, %wodd{b}",
+                      f"  %s{b}_{t} = fadd {vf} %c{b}_{t}, %mo{b}_{t}",
+                      f"  %me{b}_{t} = fmul {vf} %xlf{t}, %weven{b}",
+                      f"  %n{b}_{t} = fadd {vf} %s{b}_{t}, %me{b}_{t}"]
     lines += ["  %p1 = add i32 %p, 1",
               "  %more = icmp slt i32 %p1, %pairs",
               "  br i1 %more, label %loop, label %done",
               "done:"]
-    for t in range(tile):
-        lines.append(f"  store <16 x float> %n{t}, ptr %ap{t}, align 4")
+    for b, t in acc:
+        lines.append(f"  store {vf} %n{b}_{t}, ptr %ap{b}_{t}, align 4")
     lines += ["  ret void", "}"]
     if native:
-        lines.append("declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, "
-                     "<32 x bfloat>, <32 x bfloat>)")
+        lines.append(f"declare {vf} {intrin}({vf}, {vb}, {vb})")
     return "\n".join(lines) + "\n"
 
 
-def intrin_name(tile: int, stride: int, cb: int, native: bool) -> str:
-    return f"topi_bn.dpbf16_t{tile}_s{stride}_c{cb}_{'native' if native else 'f32'}"
+def intrin_name(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
+                lanes: int = LANES) -> str:
+    return (f"topi_bn.dpbf16_b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_"
+            f"{'native' if native else 'f32'}")
 
 
-def _register(tile: int, stride: int, cb: int, native: bool) -> str:
-    """The tensor intrinsic of one micro-kernel call: ``C[t, k] += f32(X[t * stride, 2p + r]) *
-    f32(W[p, k, r])`` over ``t < tile, k < 16, p < cb / 2, r < 2``."""
-    name = intrin_name(tile, stride, cb, native)
+def _register(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
+              lanes: int = LANES) -> str:
+    """The tensor intrinsic of one micro-kernel call: ``C[b, t, k] += f32(X[t * stride, 2p +
+    r]) * f32(W[b, p, k, r])`` over ``b < blocks, t < tile, k < lanes, p < cb / 2, r < 2``.
+    Its buffers are the regions a call covers, unit dimensions included where a dimension of
+    extent ``blocks`` precedes them (the weight's 7-D block and the output's block axis). One
+    description per loop structure: a loop of extent 1 in the description does not match the
+    schedule's unit loop (tensorize: "The stmt For doesn't match the tensor intrin")."""
+    name = intrin_name(tile, stride, cb, native, blocks, lanes)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     pairs, xw = cb // 2, (tile - 1) * stride + 1
-    ir = micro_kernel_ir(tile, native)
-    fn = f"tb_dpbf16_t{tile}{'' if native else '_f32'}"
+    ir = micro_kernel_ir(tile, native, blocks, lanes)
+    fn = kernel_name(tile, native, blocks, lanes)
+    if blocks == 1:
+        w_shape, c_shape = (pairs, lanes, 2), (tile, lanes)
+    else:
+        w_shape, c_shape = (blocks, 1, 1, 1, pairs, lanes, 2), (blocks, 1, tile, lanes)
 
-    @T.prim_func(s_tir=True)
-    def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-        X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1)
-        W = T.match_buffer(w, (pairs, LANES, 2), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (tile, LANES), "float32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:tile, 0:LANES], X[0:xw, 0:cb], W[0:pairs, 0:LANES, 0:2])
-            T.writes(C[0:tile, 0:LANES])
-            for t, k, p, r in T.grid(tile, LANES, pairs, 2):
-                with T.sblock("update"):
-                    vt, vk, vp, vr = T.axis.remap("SSRR", [t, k, p, r])
-                    C[vt, vk] = C[vt, vk] + T.Cast("float32", X[vt * stride, vp * 2 + vr]) \
-                        * T.Cast("float32", W[vp, vk, vr])
+    c_full = tuple(slice(0, n) for n in c_shape)
+    w_full = tuple(slice(0, n) for n in w_shape)
 
-    @T.prim_func(s_tir=True)
-    def desc1(x: T.handle, w: T.handle, c: T.handle) -> None:  # one position: no unit loop
-        X = T.match_buffer(x, (1, cb), "bfloat16", offset_factor=1)
-        W = T.match_buffer(w, (pairs, LANES, 2), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (1, LANES), "float32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:1, 0:LANES], X[0:1, 0:cb], W[0:pairs, 0:LANES, 0:2])
-            T.writes(C[0:1, 0:LANES])
-            for k, p, r in T.grid(LANES, pairs, 2):
-                with T.sblock("update"):
-                    vk, vp, vr = T.axis.remap("SRR", [k, p, r])
-                    C[0, vk] = C[0, vk] + T.Cast("float32", X[0, vp * 2 + vr]) \
-                        * T.Cast("float32", W[vp, vk, vr])
+    if blocks == 1 and tile == 1:  # one position: no unit loop over positions
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, (1, cb), "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, (1, lanes), "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:1, 0:lanes], X[0:1, 0:cb], W[0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:1, 0:lanes])
+                for k, p, r in T.grid(lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vk, vp, vr = T.axis.remap("SRR", [k, p, r])
+                        C[0, vk] = C[0, vk] + T.Cast("float32", X[0, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vp, vk, vr])
+    elif blocks == 1:
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:tile, 0:lanes], X[0:xw, 0:cb], W[0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:tile, 0:lanes])
+                for t, k, p, r in T.grid(tile, lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vt, vk, vp, vr = T.axis.remap("SSRR", [t, k, p, r])
+                        C[vt, vk] = C[vt, vk] + T.Cast("float32", X[vt * stride, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vp, vk, vr])
+    else:
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:xw, 0:cb],
+                        W[0:blocks, 0:1, 0:1, 0:1, 0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
+                for b, t, k, p, r in T.grid(blocks, tile, lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vb, vt, vk, vp, vr = T.axis.remap("SSSRR", [b, t, k, p, r])
+                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
+                            + T.Cast("float32", X[vt * stride, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vb, 0, 0, 0, vp, vk, vr])
+
+    w_strides = [T.int32() for _ in w_shape[:-3]] + [lanes * 2, 2, 1]
+    c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, w: T.handle, c: T.handle) -> None:
         xs = T.int32()
-        cs = T.int32()
         X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1, strides=[xs, 1])
-        W = T.match_buffer(w, (pairs, LANES, 2), "bfloat16", offset_factor=1)
-        C = T.match_buffer(c, (tile, LANES), "float32", offset_factor=1, strides=[cs, 1])
+        W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1, strides=w_strides)
+        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=c_strides)
         with T.sblock("root"):
-            T.reads(C[0:tile, 0:LANES], X[0:xw, 0:cb], W[0:pairs, 0:LANES, 0:2])
-            T.writes(C[0:tile, 0:LANES])
+            T.reads(C[c_full], X[0:xw, 0:cb], W[w_full])
+            T.writes(C[c_full])
             # bf16 buffers are passed as uint16 pointers: TVM's BF16 legalization turns a bf16
             # access_ptr's element type into float32 but the buffer into uint16
             with T.attr(0, "pragma_import_llvm", ir):
@@ -186,18 +246,39 @@ def _register(tile: int, stride: int, cb: int, native: bool) -> str:
                     T.tvm_access_ptr(T.type_annotation("uint16"), X.data, X.elem_offset,
                                      xs * (xw - 1) + cb, 1),
                     T.tvm_access_ptr(T.type_annotation("uint16"), W.data, W.elem_offset,
-                                     pairs * LANES * 2, 1),
+                                     W.strides[0] * (blocks - 1) + pairs * lanes * 2, 1),
                     # i32 as the micro-kernel declares them (an int64 kernel's strides are i64)
-                    T.Cast("int32", xs * stride), pairs, T.Cast("int32", cs)))
+                    T.Cast("int32", xs * stride), pairs, T.Cast("int32", C.strides[-2]),
+                    T.Cast("int32", W.strides[0]), T.Cast("int32", C.strides[0])))
 
-    tvm.s_tir.TensorIntrin.register(name, desc if tile > 1 else desc1, impl)
+    tvm.s_tir.TensorIntrin.register(name, desc, impl)
     return name
+
+
+#: fewest accumulators a default tile keeps in flight: vdpbf16ps's latency (6 cycles in LLVM
+#: 19's Zen 4/5 model) times two issued per cycle
+MIN_ACCUMULATORS = 12
+#: most output-channel blocks of a default tile
+MAX_BLOCKS = 4
 
 
 def default_tile(ow: int) -> int:
     """The widest register tile of at most :data:`MAX_TILE` positions that divides OW (a
     micro-kernel call is never partial)."""
     return divisors(ow, MAX_TILE)[-1]
+
+
+def default_blocks(k_blocks: int, tile: int) -> int:
+    """Output-channel blocks of the default tile: one, or on a narrow map (e.g. 7 columns, 7
+    positions) the fewest dividing ``k_blocks`` (at most :data:`MAX_BLOCKS`) that bring the
+    tile to :data:`MIN_ACCUMULATORS` accumulators; a one-block 7-position tile ran ResNet-50's
+    7x7 1x1 convs at about half the rate of the 14-position ones on a Zen 5."""
+    best = 1
+    for b in divisors(k_blocks, MAX_BLOCKS) if tile > 1 else ():
+        best = b
+        if b * tile >= MIN_ACCUMULATORS:
+            break
+    return best
 
 
 class Dpbf16Conv(ScheduleRule):
@@ -219,21 +300,27 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
     x_buf = blocks["pad"] if "pad" in blocks else None
     n, ko, oh, ow, kb = sch.get_loops(act)
     ow_ext = int(sch.get(ow).extent)
-    kb_ext = int(sch.get(kb).extent)
-    if kb_ext != LANES:
-        raise ValueError(f"the vdpbf16ps conv needs output blocks of {LANES} channels, got "
-                         f"{kb_ext}")
+    lanes = int(sch.get(kb).extent)
+    if lanes not in (8, LANES):
+        raise ValueError(f"the vdpbf16ps conv needs output blocks of 8 or {LANES} channels, "
+                         f"got {lanes}")
     p = cpu_params(target)
     tile = knob(sch, tunable, divisors(ow_ext, p.accumulators), default_tile(ow_ext))
     ow_o, ow_i = sch.split(ow, [None, tile])
-    task = sch.fuse(n, ko, oh)
+    tile = int(sch.get(ow_i).extent)  # a sampled knob is a variable: read it off the loop
+    # not a knob: the tensor intrinsic a trace records is named by the tile
+    n_blocks = default_blocks(int(sch.get(ko).extent), tile)
+    ko_o, ko_i = sch.split(ko, [None, n_blocks])
+    sch.reorder(n, ko_o, oh, ow_o, ko_i, ow_i, kb)
+    task = sch.fuse(n, ko_o, oh)
     sch.parallel(task)
+    sch.unroll(ko_i)
     sch.unroll(ow_i)
     sch.vectorize(kb)
     # the conv's register tile under the epilogue's tile: accumulators over the whole reduction
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rp, rt = sch.get_loops(conv)[-10:]
-    sch.reorder(rco, ry, rx, c_ow, c_kb, rp, rt)
+    sch.reorder(rco, ry, rx, c_ko, c_ow, c_kb, rp, rt)
     init = sch.decompose_reduction(conv, rco)
     i_ow, i_kb = sch.get_loops(init)[-2:]
     sch.unroll(i_ow)
@@ -241,9 +328,10 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
     geo = sch.get(conv)
     stride = _stride(geo)
     cb = int(sch.get(rp).extent) * 2
-    # a one-position tile has no loop over positions left to tensorize at
-    tile = int(sch.get(ow_i).extent)  # a sampled knob is a variable: read it off the loop
-    sch.tensorize(c_ow if tile > 1 else c_kb, _register(tile, stride, cb, p.bf16_dot))
+    # one block: the intrinsic starts at the positions (a one-position tile has no loop over
+    # positions left to tensorize at: at the lanes)
+    at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
+    sch.tensorize(at, _register(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
     if x_buf is not None:
         pn, pc, py, px, pci = sch.get_loops(x_buf)
         sch.parallel(sch.fuse(pn, pc, py))

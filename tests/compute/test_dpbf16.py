@@ -19,7 +19,9 @@ from topi_bn import reference as ref
 from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_nchwc
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
-from topi_bn.schedules.cpu_conv_dpbf16 import micro_kernel_ir, native_dpbf16
+from topi_bn.schedules.cpu_conv_dpbf16 import (
+    default_blocks, kernel_name, micro_kernel_ir, native_dpbf16,
+)
 from topi_bn.testing import assert_close_to_range, run_te
 
 BF16 = "bfloat16"
@@ -35,8 +37,7 @@ def _bf16(a):
 
 
 def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, cb=16,
-             swap_pairs=False):
-    kb = 16
+             swap_pairs=False, kb=16):
     x = _bf16(rng.standard_normal((1, c, hw, hw)))
     w = _bf16(rng.standard_normal((k, c, ksz, ksz)) / np.sqrt(c * ksz * ksz))
     pad = ksz // 2
@@ -93,8 +94,11 @@ def test_pair_packing_round_trip(rng):
     dict(), dict(folded=True), dict(stride=2, hw=11), dict(ksz=1, residual=False, hw=7),
     dict(hw=17, c=16, k=16), dict(c=3, cb=3, hw=12, k=16, stride=2),
     dict(c=6, cb=3, ksz=1, hw=9, k=16, folded=True), dict(c=40, cb=8, hw=8, k=16),
+    dict(c=32, k=24, kb=8, ksz=1, hw=14), dict(c=48, k=24, kb=8, hw=7, stride=2),
+    dict(c=32, k=64, hw=7, ksz=1, folded=True),
 ], ids=["3x3_bn_residual", "3x3_folded", "3x3_stride2", "1x1", "ow17_one_position_tiles",
-        "3x3_stride2_3ch_padded_pair", "1x1_odd_blocks_of_3", "3x3_cb8"])
+        "3x3_stride2_3ch_padded_pair", "1x1_odd_blocks_of_3", "3x3_cb8", "1x1_kb8_ymm",
+        "3x3_stride2_kb8_3_blocks", "1x1_7x7_2_blocks"])
 def test_matches_float64(rng, case, schedule, require):
     """On an AVX2 target the schedule's micro-kernel is the portable one (float32 multiplies and
     adds in vdpbf16ps's order): the kernel, its loops and the pair layout checked here."""
@@ -130,7 +134,10 @@ def test_portable_micro_kernel_is_used_without_avx512bf16(rng):
     mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
                                   "x86-avx2")
     text = mod.script()
-    assert "tb_dpbf16_t10_f32" in text and "dpbf16ps" not in text.replace("tb_dpbf16", "")
+    # 10 positions x 2 blocks of the 32 output channels (default_blocks: 12 accumulators)
+    assert default_blocks(2, 10) == 2
+    assert kernel_name(10, False, blocks=2) in text
+    assert "dpbf16ps" not in text.replace("tb_dpbf16", "")
     for mcpu in ("haswell", "znver3", "skylake-avx512", "icelake-server"):
         assert not native_dpbf16(_target(mcpu)), mcpu
 
@@ -151,30 +158,43 @@ def _hot_loop(asm: str) -> list[str]:
     return best
 
 
+@pytest.mark.parametrize("case,reg,blocks", [
+    (dict(c=64, hw=14, k=32), "zmm", 1),
+    (dict(c=64, hw=7, k=64, ksz=1), "zmm", 2),
+    (dict(c=64, hw=14, k=24, kb=8, ksz=1), "ymm", 1),
+], ids=["14_positions", "7x7_two_blocks", "8_channel_blocks_ymm"])
 @pytest.mark.parametrize("mcpu", sorted(AVX512_BF16))
-def test_compiles_to_vdpbf16ps_in_the_inner_loop(rng, mcpu):
+def test_compiles_to_vdpbf16ps_in_the_inner_loop(rng, mcpu, case, reg, blocks):
     """Compiled for an AVX512_BF16 CPU (never run here): the micro-kernel is inlined, its
     inner loop is vdpbf16ps on register accumulators, a broadcast pair of inputs and one
-    weight vector per pair."""
+    weight vector per block and pair. A 7-wide map's tile is 2 blocks x 7 positions (14
+    accumulators: 1 x 7 is too few to cover the instruction's latency); 8-channel output blocks
+    run the 256-bit form on ymm."""
     target = _target(mcpu)
     assert native_dpbf16(target)
-    arrays, opts, _ = _problem(rng, c=64, hw=14, k=32)
+    arrays, opts, _ = _problem(rng, **case)
     ph, out = _kernel(arrays, opts)
     mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
                                   target)
     asm = tvm.compile(mod, target=target).mod.inspect_source("asm")
     assert "call" not in " ".join(ln for ln in asm.splitlines() if "tb_dpbf16" in ln)
     loop = _hot_loop(asm)
-    n_dp = sum("vdpbf16ps" in ln for ln in loop)
-    assert n_dp >= 14 * 8  # a register tile of 14 positions x 8 pairs, unrolled
-    assert all("zmm" in ln for ln in loop if "vdpbf16ps" in ln)
-    # each reads its broadcast pair of inputs from memory ({1to16}): no broadcast instruction
-    # beside it (112 vbroadcastss per 112 vdpbf16ps before; the bf16 1x1 convs then ran at
-    # about half the float32 kernels' rate on a Zen 5)
-    assert all("{1to16}" in ln for ln in loop if "vdpbf16ps" in ln)
-    assert not [ln for ln in loop if "broadcast" in ln]
-    # the accumulators stay in registers: no float32 stores in the inner loop
-    assert not [ln for ln in loop if re.search(r"vmov\w*ps\s+%zmm\d+, ", ln)]
+    dp = [ln for ln in loop if "vdpbf16ps" in ln]
+    positions = 14 // blocks
+    assert len(dp) >= blocks * positions * 8  # the register tile x 8 pairs, unrolled
+    assert all(reg in ln for ln in dp)
+    lanes = 16 if reg == "zmm" else 8
+    if blocks == 1:
+        # each reads its broadcast pair of inputs from memory ({1to16}): no broadcast
+        # instruction beside it (112 vbroadcastss per 112 vdpbf16ps before; the bf16 1x1 convs
+        # then ran at about half the float32 kernels' rate on a Zen 5)
+        assert all(f"{{1to{lanes}}}" in ln for ln in dp)
+        assert not [ln for ln in loop if "broadcast" in ln]
+    else:  # one broadcast per position and pair, shared by the blocks
+        assert sum("broadcast" in ln for ln in loop) * blocks == len(dp)
+    # the accumulators stay in registers: no float32 stores, no stack, in the inner loop
+    assert not [ln for ln in loop if re.search(r"vmov\w*ps\s+%[xyz]mm\d+, ", ln)]
+    assert not [ln for ln in loop if "rsp" in ln]
 
 
 def test_micro_kernel_ir_forms():
@@ -182,6 +202,19 @@ def test_micro_kernel_ir_forms():
     assert "@llvm.x86.avx512bf16.dpbf16ps.512" in native and "<32 x bfloat>" in native
     assert "dpbf16ps" not in portable.replace("tb_dpbf16", "") and "fmul" in portable
     assert "@tb_dpbf16_t4(" in native and "@tb_dpbf16_t4_f32(" in portable
+    ymm = micro_kernel_ir(7, True, blocks=2, lanes=8)
+    assert "@tb_dpbf16_t7_b2_l8(" in ymm and "@llvm.x86.avx512bf16.dpbf16ps.256" in ymm
+    assert ymm.count("call <8 x float>") == 14 and "<16 x bfloat>" in ymm
+    with pytest.raises(ValueError, match=r"^lanes: expected 8 or 16, got 4"):
+        micro_kernel_ir(4, True, lanes=4)
+
+
+def test_default_blocks():
+    """More than one block only where the positions are too few accumulators (< 12)."""
+    assert default_blocks(32, 14) == 1 and default_blocks(32, 28) == 1
+    assert default_blocks(128, 7) == 2 and default_blocks(3, 4) == 3
+    assert default_blocks(4, 2) == 4 and default_blocks(5, 7) == 1  # no divisor up to 4
+    assert default_blocks(64, 1) == 1  # one position: the intrinsic has no block loop
 
 
 def test_refuses_float32_and_odd_blocks():
@@ -227,7 +260,8 @@ def _kernels(mod):
 ])
 def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     """bf16 builds for AVX512_BF16 targets run their groups-1 convs with 16-channel output
-    blocks on the pair kernel (Winograd layers keep theirs); no other build does."""
+    blocks on the pair kernel, the 3x3 stride-1 convs too (Winograd's bf16 form multiplies in
+    float32); no other build does, and a bf16 build without AVX512_BF16 keeps Winograd."""
     from topi_bn.relax.bfloat16 import to_bfloat16
     from topi_bn.relax.blocked import to_blocked_layout
 
@@ -236,8 +270,12 @@ def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     kernels = _kernels(to_blocked_layout(mod, _target(mcpu)))
     dp = [k for k in kernels if "dpbf16" in k]
     assert bool(dp) == expected, kernels
+    winograd = [k for k in kernels if "winograd" in k]
     if expected:  # the stem too: its 3 input channels make two pairs, the last padded
         assert not [k for k in kernels if k.startswith("topi_bn_conv2d_bn_act_nchwc")], kernels
+        assert not winograd, kernels
+    else:
+        assert winograd, kernels
 
 
 class _Small(torch.nn.Module):

@@ -336,12 +336,13 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
 
 def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: int) -> bool:
     """Whether a blocked conv with these properties runs the ``vdpbf16ps`` kernel
-    (:data:`DPBF16_COMPUTES`): bf16, groups 1, 16-channel output blocks (any input block: an
-    odd one, a 3-channel image, gets a zero channel per pair), and ``target`` (read from the
-    target, never the host) has AVX512_BF16."""
+    (:data:`DPBF16_COMPUTES`): bf16, groups 1, output blocks of 16 channels (zmm) or 8 (ymm;
+    e.g. MobileNetV2's 24-channel layers), any input block (an odd one, a 3-channel image,
+    gets a zero channel per pair), and ``target`` (read from the target, never the host) has
+    AVX512_BF16."""
     from topi_bn.schedules.cpu_conv_dpbf16 import LANES, native_dpbf16
 
-    return dtype == "bfloat16" and int(groups) == 1 and out_block == LANES \
+    return dtype == "bfloat16" and int(groups) == 1 and out_block in (8, LANES) \
         and native_dpbf16(resolve_target(target))
 
 
@@ -453,7 +454,13 @@ class _ToBlocked(relax.PyExprMutator):
         compute, names = _names_of(spec)
         t = spec.tensors
         options = dict(spec.options)
-        tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
+        # vdpbf16ps first: Winograd's bf16 form multiplies in float32 (no vdpbf16ps), and the
+        # direct pair kernel ran ResNet-50's 3x3 stride-1 convs in 0.55-1.0x its time (Zen 5)
+        pairs = self.target is not None and isinstance(t["weight"], Constant) \
+            and dpbf16_applies(self.target, _dtype(t["weight"]), options.get("groups", 1),
+                               spec.in_block, spec.out_block)
+        tile = None if self.winograd_target is None or pairs \
+            else _winograd_tile(spec, t["weight"])
         if tile is not None:
             compute = WINOGRAD_COMPUTES[compute]
             # float32 transform (in float64) of the weight, bfloat16 ones included
@@ -463,9 +470,7 @@ class _ToBlocked(relax.PyExprMutator):
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
             options.update(tile=tile, tile_block=winograd_tile_block(
                 self.winograd_target, winograd_tiles(_shape(t["data"]), tile)))
-        elif self.target is not None and isinstance(t["weight"], Constant) \
-                and dpbf16_applies(self.target, _dtype(t["weight"]), options.get("groups", 1),
-                                   spec.in_block, spec.out_block):
+        elif pairs:
             compute = DPBF16_COMPUTES[compute]
             weight = relax.const(pack_weight_pairs(
                 t["weight"].value.numpy(), spec.in_block, spec.out_block), "bfloat16")
