@@ -7,6 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules.cpu_pool import pool_block, schedule_pool
 from topi_bn.targets import resolve_target
 from topi_bn.testing import assert_close, legalized_prim_func
@@ -14,11 +15,12 @@ from topi_bn.testing import assert_close, legalized_prim_func
 TARGET = "x86-avx2"  # runs on every x86 host of the project
 
 
-def _pool_func(kind, shape, layout, size=3, stride=2, pad=1, **kw):
+def _pool_func(kind, shape, layout, size=3, stride=2, pad=1, dtype="float32", **kw):
     """The PrimFunc TVM legalizes ``relax.nn.<kind>`` into."""
     op = getattr(relax.op.nn, kind)
     return legalized_prim_func(lambda x: op(x, [size, size], [stride, stride], [pad] * 4,
-                                            layout=layout, out_layout=layout, **kw), shape)
+                                            layout=layout, out_layout=layout, **kw), shape,
+                               dtype)
 
 
 def _reference(kind, x, size, stride, pad, count_include_pad=False):
@@ -56,22 +58,30 @@ CASES = [
 
 
 @pytest.mark.requires("avx2")
-@pytest.mark.parametrize("kind, shape, cb, size, stride, pad", CASES)
-def test_scheduled_pool_matches_float64(rng, kind, shape, cb, size, stride, pad):
+@pytest.mark.parametrize("kind, shape, cb, size, stride, pad, dtype", [
+    c + ("float32",) for c in CASES] + [c + ("bfloat16",) for c in CASES if c[0] == "max_pool2d"])
+def test_scheduled_pool_matches_float64(rng, kind, shape, cb, size, stride, pad, dtype):
+    """float32 pools, and the max pools of a bf16 build (bf16 in and out: the max of bf16
+    values is one of them, exact), whose window loop runs on vectors of the channel block."""
     x = rng.standard_normal(shape).astype("float32")
+    if dtype == "bfloat16":
+        x = round_to_bfloat16(x).astype("float32")
     xin = _blocked(x, cb) if cb else x
     layout = f"NCHW{cb}c" if cb else "NCHW"
-    func = _pool_func(kind, xin.shape, layout, size, stride, pad)
+    func = _pool_func(kind, xin.shape, layout, size, stride, pad, dtype=dtype)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     assert schedule_pool(sch, resolve_target(TARGET))
-    assert "T.parallel" in sch.mod["main"].script()
+    script = sch.mod["main"].script()
+    assert "T.parallel" in script
+    if cb:
+        assert "T.vectorized" in script
     lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
     expect = _reference(kind, x.astype("float64"), size, stride, pad)
     if cb:
         expect = _blocked(expect, cb)
-    got = tvm.runtime.empty(expect.shape, "float32")
-    lib["main"](tvm.runtime.tensor(xin), got)
-    assert_close(got.numpy(), expect, "float32")
+    got = tvm.runtime.empty(expect.shape, dtype)
+    lib["main"](tvm.runtime.tensor(round_to_bfloat16(xin) if dtype == "bfloat16" else xin), got)
+    assert_close(np.asarray(got.numpy(), "float64"), expect, dtype)
 
 
 @pytest.mark.requires("avx2")
