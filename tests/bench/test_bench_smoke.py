@@ -745,3 +745,36 @@ def test_import_path_line_pairs_builds_of_the_same_dtype():
     line, = import_path_ratios(results)
     assert line.startswith("- net fused: ONNX 2.10 ms, torch.export 2.00 ms")
     assert "torch.export [f32 export kernels]" in line and "bf16" not in line
+
+
+@pytest.mark.parametrize("target,kind", [
+    ({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, "dpbf16"),
+    ({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}, "dpbf16"),
+    ("x86-avx512", "blocked"), ("x86-avx2", "blocked"),
+])
+def test_bf16_layer_row_runs_the_networks_kernel(target, kind):
+    """The per-layer 'topi-bn bf16' row times the kernel a bf16 network build runs for the
+    layer: on AVX512_BF16 targets the vdpbf16ps pair kernel (3x3 stride-1 convs too: the graph
+    pass puts them there rather than Winograd), elsewhere the blocked or Winograd twin. Its
+    weight is packed in input-channel pairs and its PrimFunc is what the build schedules.
+    (Picked from the target, never the host: nothing runs.)"""
+    from topi_bn import workloads as W
+    from topi_bn.bench import ops
+    from topi_bn.targets import resolve_target
+
+    tgt = resolve_target(target)
+    for name in ("resnet50.conv1x1_256_128_56_s1_relu", "resnet50.conv3x3_64_64_56_s1_relu",
+                 "resnet50.conv7x7_3_64_224_s2_relu"):
+        wl = W.get(name)
+        twin = ops.bf16_twin(wl, tgt)
+        if kind == "dpbf16":
+            assert twin.op == "conv2d_bn_act_dpbf16_nchwc", twin
+            ko, co, kh, kw, pairs, kb, two = twin.shapes["weight"]
+            assert (kh, two) == (wl.shapes["weight"][2], 2)
+            assert pairs == (twin.shapes["data"][-1] + 1) // 2  # the stem's 3 channels: 2
+            assert "groups" not in twin.params
+            assert ops.BF16_ARGS[twin.op][:2] == ("data", "weight")  # both held in bf16
+            assert "bfloat16" in ops.bf16_prim_func(twin).script()
+        else:
+            assert "dpbf16" not in twin.op
+            assert ("winograd" in twin.op) == ("3x3_64_64_56_s1" in name)

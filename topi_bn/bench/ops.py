@@ -31,7 +31,8 @@ With ``--dtype bfloat16`` (``BenchConfig.bf16``) every layer also gets bfloat16 
 
 =========================  ==========================================================
 ``topi-bn bf16``           the kernel a ``dtype="bfloat16"`` network build runs for the
-                           layer: the blocked (or Winograd) twin of a conv on bf16 data
+                           layer: on AVX512_BF16 the ``vdpbf16ps`` pair kernel, else the
+                           blocked (or Winograd) twin of a conv, on bf16 data
                            and weight with float32 BN parameters, float32 accumulation,
                            bf16 output; training BN and layer_norm on bf16 data
                            (:class:`TopiBnBf16`)
@@ -62,6 +63,7 @@ An implementation is a small :class:`OpImpl` subclass (name, kind, the ops it se
 # Long because: one class per op implementation, on shared inputs and checks.
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -73,9 +75,11 @@ from .. import workloads as W
 from ..build import build, schedule_prim_func
 from ..dtypes import round_to_bfloat16
 from ..layouts import (
-    ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_winograd_weight,
+    ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_weight_pairs,
+    pack_winograd_weight,
 )
 from ..relax import tvm_lowering
+from ..relax.blocked import dpbf16_applies
 from ..schedules import apply_default_schedules
 from ..targets import resolve_target, target_family
 from ..testing import error_to_range, TOLERANCES
@@ -93,7 +97,7 @@ __all__ = ["QUICK_WORKLOADS", "DEFAULT_GROUPS", "OpContext", "OpImpl", "IMPLEMEN
            "impl_names", "prepare", "check_output", "select_workloads", "op_cases",
            "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm",
            "prepare_in_worker", "BF16_IMPLEMENTATIONS", "BF16_CHECK_TOLERANCE",
-           "bf16_prim_func", "BF16_ARGS"]
+           "bf16_prim_func", "bf16_twin", "pair_twin", "BF16_ARGS"]
 
 # A few workloads of every kind, for ``--quick``: the ResNet stem, a 3x3 and a 1x1 conv, a
 # MobileNetV2 depthwise and pointwise conv, both BN layouts, a small and a large layer_norm.
@@ -450,6 +454,7 @@ BF16_CHECK_TOLERANCE = 2.0 ** -6
 BF16_ARGS = {
     "conv2d_bn_act_nchwc": ("data", "weight", "residual"),
     "conv2d_shift_act_nchwc": ("data", "weight", "residual"),
+    "conv2d_bn_act_dpbf16_nchwc": ("data", "weight", "residual"),
     "conv2d_bn_act_winograd_nchwc": ("data", "residual"),
     "conv2d_shift_act_winograd_nchwc": ("data", "residual"),
     "batch_norm_train": ("data",),
@@ -480,25 +485,44 @@ def bf16_prim_func(wl: W.Workload):
     return te.create_prim_func(args + outs)
 
 
-def _bf16_twin(wl: W.Workload, target) -> W.Workload:
-    """The kernel a ``dtype="bfloat16"`` network build runs for layer ``wl``: its Winograd twin
-    where the network uses Winograd's algorithm, else its blocked twin (convs); ``wl`` itself
-    (training batch-norm, layer_norm)."""
+def bf16_twin(wl: W.Workload, target) -> W.Workload:
+    """The kernel a ``dtype="bfloat16"`` network build runs for layer ``wl``
+    (:mod:`topi_bn.relax.blocked`): on an AVX512_BF16 target the ``vdpbf16ps`` pair kernel
+    where it applies (:func:`~topi_bn.relax.blocked.dpbf16_applies`, 3x3 stride-1 convs
+    included), else its Winograd twin where the network uses Winograd's algorithm, else its
+    blocked twin (convs); ``wl`` itself (training batch-norm, layer_norm)."""
     if wl.op != "conv2d_bn_relu":
         return wl
 
     block = ChannelBlocking.for_target(target).lanes
+    blocked = blocked_twin(wl, block)
+    if blocked is not None and dpbf16_applies(target, "bfloat16", wl.params.get("groups", 1),
+                                              blocked.shapes["data"][-1],
+                                              blocked.shapes["weight"][-1]):
+        return pair_twin(blocked)
     group = f"{wl.name.split('.')[0]}-nchw{block}c-winograd"
     wino = [t for t in (W.list_workloads(group) if group in W.groups() else [])
             if t.base == wl.name]
-    twin = wino[0] if wino else blocked_twin(wl, block)
+    twin = wino[0] if wino else blocked
     if twin is None:
         raise Unavailable(f"no blocked-layout twin of {wl.name} at block {block}")
     return twin
 
 
+def pair_twin(blocked: W.Workload) -> W.Workload:
+    """Blocked conv workload ``blocked`` on the ``vdpbf16ps`` pair kernel
+    (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`): its weight packed in input-channel pairs
+    (:func:`~topi_bn.layouts.pack_weight_pairs`), groups 1."""
+    ko, co, kh, kw, cb, kb = blocked.shapes["weight"]
+    shapes = dict(blocked.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
+    params = {k: v for k, v in blocked.params.items() if k != "groups"}
+    op = blocked.op.replace("_nchwc", "_dpbf16_nchwc")
+    return dataclasses.replace(blocked, name=f"{blocked.name}.dpbf16", op=op, shapes=shapes,
+                               params=params)
+
+
 class TopiBnBf16(OpImpl):
-    """The kernel a ``dtype="bfloat16"`` network build runs for the layer (:func:`_bf16_twin`,
+    """The kernel a ``dtype="bfloat16"`` network build runs for the layer (:func:`bf16_twin`,
     :func:`bf16_prim_func`), built with the run's tuning logs (the shipped logs hold no bf16
     records yet: default schedules), timed on inputs already in its layout and dtype (blocked,
     packed or transformed, rounded to bf16 once, untimed), as :class:`TopiBnBlocked`."""
@@ -511,7 +535,7 @@ class TopiBnBf16(OpImpl):
 
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the bf16 build is measured on CPUs here")
-        twin = _bf16_twin(wl, ctx.target)
+        twin = bf16_twin(wl, ctx.target)
         func = bf16_prim_func(twin)
         lib = build(func, ctx.target, tuning_logs=ctx.tuning_logs)
         _, had_record = schedule_prim_func(func, ctx.target, tuning_logs=ctx.tuning_logs)
@@ -520,11 +544,14 @@ class TopiBnBf16(OpImpl):
         blocked = twin is not wl
         if blocked:
             x, w, *bn = arrays
-            cb, kb = twin.shapes["data"][-1], twin.shapes["weight"][-1]
+            cb = twin.shapes["data"][-1]
+            kb = twin.shapes["weight"][-2 if "dpbf16" in twin.op else -1]
             if "tile" in twin.params:
                 # the float32 transform of the bf16-rounded weight, as the build makes it
                 w64 = np.asarray(round_to_bfloat16(w), np.float64).astype(np.float32)
                 packed = pack_winograd_weight(w64, twin.params["tile"], cb, kb)
+            elif "dpbf16" in twin.op:
+                packed = pack_weight_pairs(w, cb, kb)
             else:
                 packed = pack_weight(w, cb, kb, wl.params.get("groups", 1))
             arrays = [nchw_to_nchwc(x, cb), packed, *bn]
