@@ -42,10 +42,12 @@ from .helpers import cpu_params, divisors, knob
 
 __all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "kernel_name", "intrin_name",
            "native_dpbf16", "default_tile", "default_blocks",
-           "MAX_TILE", "LANES"]
+           "MAX_TILE", "LANES", "LANE_WIDTHS"]
 
 #: output channels per register (the float32 lanes of a zmm); 8-channel output blocks use ymm
 LANES = 16
+#: output-block widths the kernel takes: 16 channels (zmm) or 8 (ymm, the 256-bit form)
+LANE_WIDTHS = (8, LANES)
 #: most output positions of the default register tile, as the float32 blocked conv's 14: that
 #: many independent accumulators cover vdpbf16ps's latency (6 cycles in LLVM 19's Zen 4/5
 #: model, 8 in its Sapphire Rapids one) even at two per cycle, and 14 divides the common widths
@@ -73,7 +75,7 @@ def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES
     bf16 ``x`` and ``w`` (as ``i16``), float32 ``acc``. ``lanes`` 16 (zmm) or 8 (ymm, for
     8-channel output blocks); the blocks of a tile share each broadcast input pair.
     ``native``: by ``vdpbf16ps``; else in float32 arithmetic, the same order."""
-    if lanes not in (8, 16):
+    if lanes not in LANE_WIDTHS:
         raise ValueError(f"lanes: expected 8 or 16, got {lanes}")
     name = kernel_name(tile, native, blocks, lanes)
     vf, vb, vi = f"<{lanes} x float>", f"<{2 * lanes} x bfloat>", f"<{2 * lanes} x i16>"
@@ -301,7 +303,7 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
     n, ko, oh, ow, kb = sch.get_loops(act)
     ow_ext = int(sch.get(ow).extent)
     lanes = int(sch.get(kb).extent)
-    if lanes not in (8, LANES):
+    if lanes not in LANE_WIDTHS:
         raise ValueError(f"the vdpbf16ps conv needs output blocks of 8 or {LANES} channels, "
                          f"got {lanes}")
     p = cpu_params(target)

@@ -79,7 +79,8 @@ from ..layouts import (
     pack_winograd_weight,
 )
 from ..relax import tvm_lowering
-from ..relax.blocked import dpbf16_applies
+from .. import compute as computes
+from ..relax.blocked import DPBF16_COMPUTES, dpbf16_applies
 from ..schedules import apply_default_schedules
 from ..targets import resolve_target, target_family
 from ..testing import error_to_range, TOLERANCES
@@ -516,7 +517,7 @@ def pair_twin(blocked: W.Workload) -> W.Workload:
     ko, co, kh, kw, cb, kb = blocked.shapes["weight"]
     shapes = dict(blocked.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
     params = {k: v for k, v in blocked.params.items() if k != "groups"}
-    op = blocked.op.replace("_nchwc", "_dpbf16_nchwc")
+    op = DPBF16_COMPUTES[getattr(computes, blocked.op)].__name__
     return dataclasses.replace(blocked, name=f"{blocked.name}.dpbf16", op=op, shapes=shapes,
                                params=params)
 

@@ -340,9 +340,9 @@ def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: in
     e.g. MobileNetV2's 24-channel layers), any input block (an odd one, a 3-channel image,
     gets a zero channel per pair), and ``target`` (read from the target, never the host) has
     AVX512_BF16."""
-    from topi_bn.schedules.cpu_conv_dpbf16 import LANES, native_dpbf16
+    from topi_bn.schedules.cpu_conv_dpbf16 import LANE_WIDTHS, native_dpbf16
 
-    return dtype == "bfloat16" and int(groups) == 1 and out_block in (8, LANES) \
+    return dtype == "bfloat16" and int(groups) == 1 and out_block in LANE_WIDTHS \
         and native_dpbf16(resolve_target(target))
 
 
