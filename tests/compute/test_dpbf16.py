@@ -217,6 +217,30 @@ def test_default_blocks():
     assert default_blocks(64, 1) == 1  # one position: the intrinsic has no block loop
 
 
+@pytest.mark.parametrize("c,k,expect", [(256, 128, True), (1024, 1024, False)])
+def test_rows_outside_channel_chunks_when_the_weight_fits_in_l2(c, k, expect):
+    """One task is one output row of a chunk of channel blocks. A weight that fits in half the
+    L2 is re-read per row and the rows go outside (consecutive tasks share their input row:
+    ResNet-50's 1x1 256 -> 128 at 56x56 read its 1.6 MB input once per output block
+    otherwise); a 2 MB weight keeps the channel chunks outside."""
+    from topi_bn.schedules.cpu_conv_dpbf16 import rows_outer
+    from topi_bn.schedules.helpers import cpu_params
+
+    ph = [te.placeholder((1, c // 16, 8, 8, 16), "bfloat16", name="data"),
+          te.placeholder((k // 16, c // 16, 1, 1, 8, 16, 2), "bfloat16", name="weight"),
+          te.placeholder((k,), "float32", name="shift")]
+    out = conv2d_shift_act_dpbf16_nchwc(*ph, strides=1, padding=0)
+    sch = tvm.s_tir.Schedule(te.create_prim_func(ph + [out]))
+    conv = sch.get_sblock("conv")
+    target = _target("znver5")
+    assert rows_outer(sch.get(conv), cpu_params(target)) is expect
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  target)
+    # the one parallel loop, named after the loops fused into it, outermost first
+    (task,) = re.findall(r"for (\w+) in T.parallel\(", mod.script())
+    assert task == ("n_oy_ko_0_fused" if expect else "n_ko_0_oy_fused")
+
+
 def test_refuses_float32_and_odd_blocks():
     x = te.placeholder((1, 2, 8, 8, 16), "float32", "x")
     w = te.placeholder((1, 2, 3, 3, 8, 16, 2), "float32", "w")
