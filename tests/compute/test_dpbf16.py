@@ -95,10 +95,10 @@ def test_pair_packing_round_trip(rng):
     dict(hw=17, c=16, k=16), dict(c=3, cb=3, hw=12, k=16, stride=2),
     dict(c=6, cb=3, ksz=1, hw=9, k=16, folded=True), dict(c=40, cb=8, hw=8, k=16),
     dict(c=32, k=24, kb=8, ksz=1, hw=14), dict(c=48, k=24, kb=8, hw=7, stride=2),
-    dict(c=32, k=64, hw=7, ksz=1, folded=True),
+    dict(c=32, k=64, hw=7, ksz=1, folded=True), dict(c=512, k=1024, hw=3, ksz=1),
 ], ids=["3x3_bn_residual", "3x3_folded", "3x3_stride2", "1x1", "ow17_one_position_tiles",
         "3x3_stride2_3ch_padded_pair", "1x1_odd_blocks_of_3", "3x3_cb8", "1x1_kb8_ymm",
-        "3x3_stride2_kb8_3_blocks", "1x1_7x7_2_blocks"])
+        "3x3_stride2_kb8_3_blocks", "1x1_7x7_2_blocks", "1x1_1MB_weight_channel_chunks_outer"])
 def test_matches_float64(rng, case, schedule, require):
     """On an AVX2 target the schedule's micro-kernel is the portable one (float32 multiplies and
     adds in vdpbf16ps's order): the kernel, its loops and the pair layout checked here."""
