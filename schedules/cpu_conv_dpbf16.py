@@ -34,6 +34,8 @@ when tuning); whether ``vdpbf16ps`` or the float32 form is inlined is ``CpuParam
 """
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
@@ -351,10 +353,8 @@ def rows_outer(conv, p) -> bool:
     at 14x14 from 133 to 116 us; the 1 MB weight of 512 -> 1024 stride 2 ran 271 us with the
     channel chunks outside and 316 us inside, re-read from L3 once per row."""
     (weight,) = [r.source for r in conv.reads if len(r.source.shape) == 7]
-    elems = 1
-    for d in weight.shape:
-        elems *= int(d)
-    return elems * tvm.DataType(weight.dtype).bits // 8 <= p.l2_bytes // 2
+    weight_bytes = math.prod(int(d) for d in weight.shape) * tvm.DataType(weight.dtype).bits // 8
+    return weight_bytes <= p.l2_bytes // 2
 
 
 def _stride(block) -> int:
