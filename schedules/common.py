@@ -62,6 +62,11 @@ class ScheduleRule:
     after_ops : bool
         A rule without ``ops`` that is also offered each topi-bn function of an untuned build
         once its ops are scheduled (the elementwise blocks their epilogues did not absorb).
+
+    A knob that a trace cannot sample (one that names a tensor intrinsic, or picks a loop
+    order) is a *variant*: :meth:`variants` lists them, and a tuning template
+    (:func:`~topi_bn.schedules.rules.template_space`) is one design space per variant, each
+    scheduled by ``apply(..., variant=v)``; an untuned schedule is ``apply`` without one.
     """
 
     name: str = ""
@@ -91,6 +96,12 @@ class ScheduleRule:
             when it was scheduled.
         """
         raise NotImplementedError
+
+    def variants(self, sch: tvm.s_tir.Schedule, anchor, target: Target) -> tuple:
+        """The structural choices for ``anchor`` that a trace cannot sample, the default
+        first; a rule that has some takes ``apply(sch, anchor, target, tunable, variant=v)``.
+        ``(None,)`` (the base): no variants, one design space."""
+        return (None,)
 
 
 def op_of(sch: tvm.s_tir.Schedule, block) -> str | None:

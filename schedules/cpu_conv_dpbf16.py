@@ -28,22 +28,30 @@ tiles of ``T`` positions (a divisor of OW, by default the largest up to :data:`M
 by :func:`default_blocks` (more than one only on narrow maps: a 7-wide map's 7 positions are
 too few accumulators to cover the instruction's latency); under each tile the conv runs ``rco,
 ry, rx`` in TIR around the micro-kernel over the ``cb / 2`` pairs, then the BN, residual and
-activation in float32 vectors before one bf16 store. ``T`` is a knob
-(:func:`~topi_bn.schedules.helpers.knob`: the divisors of OW up to ``CpuParams.accumulators``
-when tuning); whether ``vdpbf16ps`` or the float32 form is inlined is ``CpuParams.bf16_dot``.
+activation in float32 vectors before one bf16 store. ``T``, ``B`` and the task order are the
+kernel's knobs (:class:`PairTile`); they name the tensor intrinsic or reorder loops, which a
+MetaSchedule trace cannot sample, so a tuning template is one design space per candidate
+(:func:`pair_tile_candidates`, :meth:`Dpbf16Conv.variants`), and a record's intrinsic is
+registered from its name when the record is read (:func:`register_intrinsics_named_in`).
+Whether ``vdpbf16ps`` or the float32 form is inlined is ``CpuParams.bf16_dot``; a record that
+inlines ``vdpbf16ps`` applies only to targets that have it (:func:`intrinsic_runs_on`).
 """
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 
 import tvm
 from tvm.script import tirx as T
 from tvm.target import Target
 
 from .common import ScheduleRule, inline_consumers, op_blocks
-from .helpers import cpu_params, divisors, knob
+from .helpers import cpu_params, divisors
 
-__all__ = ["Dpbf16Conv", "schedule_conv_dpbf16", "micro_kernel_ir", "kernel_name", "intrin_name",
+__all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf16",
+           "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
+           "intrinsic_runs_on", "INTRIN_PREFIX",
            "native_dpbf16", "default_tile", "default_blocks", "rows_outer",
            "MAX_TILE", "LANES", "LANE_WIDTHS"]
 
@@ -155,10 +163,34 @@ def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES
     return "\n".join(lines) + "\n"
 
 
+#: what the names of the micro-kernels' tensor intrinsics start with
+INTRIN_PREFIX = "topi_bn.dpbf16_"
+_INTRIN_NAME = re.compile(r"topi_bn\.dpbf16_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_(native|f32)\b")
+
+
 def intrin_name(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
                 lanes: int = LANES) -> str:
-    return (f"topi_bn.dpbf16_b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_"
+    return (f"{INTRIN_PREFIX}b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_"
             f"{'native' if native else 'f32'}")
+
+
+def register_intrinsics_named_in(text: str) -> list[str]:
+    """Register every micro-kernel tensor intrinsic whose name (:func:`intrin_name`) occurs in
+    ``text`` (a tuning record's JSON): MetaSchedule replays a record's trace as it parses it,
+    possibly in a process that has not scheduled that micro-kernel yet. Returns the names."""
+    names = []
+    for m in _INTRIN_NAME.finditer(text):
+        blocks, tile, lanes, stride, cb = (int(g) for g in m.groups()[:5])
+        if lanes in LANE_WIDTHS:
+            _register(tile, stride, cb, m.group(6) == "native", blocks, lanes)
+            names.append(m.group(0))
+    return names
+
+
+def intrinsic_runs_on(name: str, target: Target) -> bool:
+    """Whether the micro-kernel of tensor intrinsic ``name`` runs on ``target``: False for one
+    that inlines ``vdpbf16ps`` when ``target`` lacks AVX512_BF16."""
+    return not name.endswith("_native") or native_dpbf16(target)
 
 
 def _register(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
@@ -286,37 +318,99 @@ def default_blocks(k_blocks: int, tile: int) -> int:
     return best
 
 
+@dataclass(frozen=True)
+class PairTile:
+    """The pair kernel's structural knobs: ``tile`` output positions x ``blocks`` output-channel
+    blocks of accumulators, and whether the parallel tasks run the rows outside the channel
+    chunks (:func:`rows_outer`). A trace cannot sample them (the tile and blocks name the tensor
+    intrinsic; the order is a reorder), so tuning makes each candidate
+    (:func:`pair_tile_candidates`) a design space of its own (:meth:`Dpbf16Conv.variants`)."""
+
+    tile: int
+    blocks: int
+    rows_outer: bool
+
+    @classmethod
+    def default(cls, ow: int, k_blocks: int, weight_bytes: int, p) -> PairTile:
+        tile = default_tile(ow)
+        return cls(tile, default_blocks(k_blocks, tile), weight_bytes <= p.l2_bytes // 2)
+
+
+#: fewest positions of a tuning candidate's tile (where OW has such a divisor): narrower tiles
+#: re-load each weight vector for too few accumulators
+MIN_CANDIDATE_TILE = 4
+
+
+def pair_tile_candidates(ow: int, k_blocks: int, weight_bytes: int, p) -> list[PairTile]:
+    """The tiles tuning tries, the default first: every divisor of OW from
+    :data:`MIN_CANDIDATE_TILE` positions (the largest divisor when none is that wide) times
+    every divisor of the output blocks up to :data:`MAX_BLOCKS` that keeps the accumulators
+    within ``p.accumulators``, with the rows outside and inside the channel chunks (one order
+    where a tile takes all the output blocks: there is one chunk, and both orders are the same
+    loops)."""
+    def same_loops(c: PairTile) -> tuple:
+        return c.tile, c.blocks, c.rows_outer or c.blocks == k_blocks
+
+    tiles = [t for t in divisors(ow, p.accumulators) if t >= MIN_CANDIDATE_TILE] \
+        or [divisors(ow, p.accumulators)[-1]]
+    out = [PairTile.default(ow, k_blocks, weight_bytes, p)]
+    seen = {same_loops(out[0])}
+    for tile in tiles:
+        for blocks in divisors(k_blocks, MAX_BLOCKS):
+            for outer in (True, False):
+                cand = PairTile(tile, blocks, outer)
+                if tile * blocks <= p.accumulators and same_loops(cand) not in seen:
+                    seen.add(same_loops(cand))
+                    out.append(cand)
+    return out
+
+
 class Dpbf16Conv(ScheduleRule):
     """The bf16 blocked conv with the weight in input-channel pairs (module docstring)."""
 
     name = "cpu.conv_dpbf16"
     ops = ("conv2d_dpbf16_nchwc",)
 
-    def apply(self, sch, anchor, target, tunable):
-        schedule_conv_dpbf16(sch, anchor, target, tunable)
+    def apply(self, sch, anchor, target, tunable, variant: PairTile | None = None):
+        schedule_conv_dpbf16(sch, anchor, target, variant)
         return True
 
+    def variants(self, sch, anchor, target):
+        return tuple(pair_tile_candidates(*_tile_facts(sch.get(anchor)), cpu_params(target)))
 
-def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: bool) -> None:
-    """Schedule the pair-packed bf16 conv whose ``conv`` block is ``conv`` (module docstring)."""
+
+def _tile_facts(conv) -> tuple[int, int, int]:
+    """OW, the output-channel blocks and the weight's bytes of the ``conv`` block."""
+    (weight,) = [r.source for r in conv.reads if len(r.source.shape) == 7]
+    _, k_blocks, _, ow, _ = (int(d) for d in conv.writes[0].source.shape)
+    weight_bytes = math.prod(int(d) for d in weight.shape) * tvm.DataType(weight.dtype).bits // 8
+    return ow, k_blocks, weight_bytes
+
+
+def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
+                         choice: PairTile | None = None) -> None:
+    """Schedule the pair-packed bf16 conv whose ``conv`` block is ``conv`` (module docstring)
+    with register tile and task order ``choice`` (default: :meth:`PairTile.default`). The
+    schedule samples nothing: a template is the same schedule (:class:`PairTile`)."""
     blocks = op_blocks(sch, conv)
     act = blocks["bn_act"]
     inline_consumers(sch, act)
     x_buf = blocks["pad"] if "pad" in blocks else None
     n, ko, oh, ow, kb = sch.get_loops(act)
-    ow_ext = int(sch.get(ow).extent)
     lanes = int(sch.get(kb).extent)
     if lanes not in LANE_WIDTHS:
         raise ValueError(f"the vdpbf16ps conv needs output blocks of 8 or {LANES} channels, "
                          f"got {lanes}")
     p = cpu_params(target)
-    tile = knob(sch, tunable, divisors(ow_ext, p.accumulators), default_tile(ow_ext))
+    facts = _tile_facts(sch.get(conv))
+    choice = choice or PairTile.default(*facts, p)
+    if facts[0] % choice.tile or facts[1] % choice.blocks:
+        raise ValueError(f"variant: {choice} does not divide OW {facts[0]} and the "
+                         f"{facts[1]} output blocks")
+    tile, n_blocks = choice.tile, choice.blocks
     ow_o, ow_i = sch.split(ow, [None, tile])
-    tile = int(sch.get(ow_i).extent)  # a sampled knob is a variable: read it off the loop
-    # not a knob: the tensor intrinsic a trace records is named by the tile
-    n_blocks = default_blocks(int(sch.get(ko).extent), tile)
     ko_o, ko_i = sch.split(ko, [None, n_blocks])
-    outer = (oh, ko_o) if rows_outer(sch.get(conv), p) else (ko_o, oh)
+    outer = (oh, ko_o) if choice.rows_outer else (ko_o, oh)
     sch.reorder(n, *outer, ow_o, ko_i, ow_i, kb)
     task = sch.fuse(n, *outer)
     sch.parallel(task)
@@ -345,16 +439,15 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target, tunable:
 
 
 def rows_outer(conv, p) -> bool:
-    """Whether the parallel tasks (one output row of a chunk of channel blocks each) run the
-    rows outside the channel chunks: when the pair-packed weight fits in half the L2, so that
-    consecutive tasks share their input row and re-read the weights from the cache, rather than
-    re-reading the whole input once per channel chunk. On a Zen 5 (ResNet-50 bf16, one process,
-    in turns) rows outside took its 1x1 256 -> 128 at 56x56 from 293 to 242 us and 256 -> 1024
-    at 14x14 from 133 to 116 us; the 1 MB weight of 512 -> 1024 stride 2 ran 271 us with the
-    channel chunks outside and 316 us inside, re-read from L3 once per row."""
-    (weight,) = [r.source for r in conv.reads if len(r.source.shape) == 7]
-    weight_bytes = math.prod(int(d) for d in weight.shape) * tvm.DataType(weight.dtype).bits // 8
-    return weight_bytes <= p.l2_bytes // 2
+    """Whether the default schedule's parallel tasks (one output row of a chunk of channel
+    blocks each) run the rows outside the channel chunks: when the pair-packed weight fits in
+    half the L2, so that consecutive tasks share their input row and re-read the weights from
+    the cache, rather than re-reading the whole input once per channel chunk. On a Zen 5
+    (ResNet-50 bf16, one process, in turns) rows outside took its 1x1 256 -> 128 at 56x56 from
+    293 to 242 us and 256 -> 1024 at 14x14 from 133 to 116 us; the 1 MB weight of 512 -> 1024
+    stride 2 ran 271 us with the channel chunks outside and 316 us inside, re-read from L3 once
+    per row."""
+    return PairTile.default(*_tile_facts(conv), p).rows_outer
 
 
 def _stride(block) -> int:

@@ -63,7 +63,8 @@ from .common import (
 
 __all__ = [
     "RULES", "TARGET_KEYS", "family_of", "rules_for", "rule_for_op", "schedule_op",
-    "schedule_function", "apply_default_schedules", "template_space", "target_scope",
+    "schedule_function", "design_variants", "apply_default_schedules", "template_space",
+    "register_record_intrinsics", "trace_runs_on", "target_scope",
 ]
 
 #: Target family -> its rules. Rules with ``ops`` are looked up by op (one rule per op);
@@ -154,19 +155,24 @@ def schedule_op(op: str, sch: tvm.s_tir.Schedule, anchor, target: Target,
     _apply(rule_for_op(op, target), op, sch, anchor, target, tunable)
 
 
-def _apply(rule: ScheduleRule, op: str, sch, anchor, target: Target, tunable: bool) -> None:
-    if not rule.apply(sch, anchor, target, tunable):
+def _apply(rule: ScheduleRule, op: str, sch, anchor, target: Target, tunable: bool,
+           variant=None) -> None:
+    done = rule.apply(sch, anchor, target, tunable) if variant is None else \
+        rule.apply(sch, anchor, target, tunable, variant=variant)
+    if not done:
         raise ValueError(f"{rule.name}: declined the topi_bn.{op} block "
                          f"{sch.get(anchor).name_hint}")
 
 
 def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
-                      func_name: str = "main") -> bool:
+                      func_name: str = "main", variants: dict | None = None) -> bool:
     """Schedule every topi-bn op in ``sch``'s function ``func_name``, in program order, with
     the rules of ``target``'s table; False when the function has none.
 
     With ``tunable=True`` the knobs are ``sample_*`` instructions starting at the defaults (a
     MetaSchedule template); with ``tunable=False`` the defaults (an untuned schedule).
+    ``variants``: anchor block name -> the rule's variant for it
+    (:meth:`~topi_bn.schedules.common.ScheduleRule.variants`; default: the rule's default).
 
     Raises
     ------
@@ -180,8 +186,21 @@ def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
     sch.work_on(func_name)
     for rule, op, name in chosen:
         # look the anchor up by name: scheduling an earlier op may have replaced block RVs
-        _apply(rule, op, sch, sch.get_sblock(name, func_name), target, tunable)
+        _apply(rule, op, sch, sch.get_sblock(name, func_name), target, tunable,
+               (variants or {}).get(name))
     return True
+
+
+def design_variants(sch: tvm.s_tir.Schedule, target: Target,
+                    func_name: str = "main") -> list[dict]:
+    """Every combination of the variants of the topi-bn ops in ``sch``'s function (anchor
+    block name -> variant), the all-default one first: one design space each when tuning."""
+    combos: list[dict] = [{}]
+    for op, block in topi_bn_blocks(sch, func_name):
+        name = sch.get(block).name_hint
+        options = rule_for_op(op, target).variants(sch, block, target)
+        combos = [{**c, name: v} for c in combos for v in options]
+    return combos
 
 
 def _unscheduled(func) -> bool:
@@ -257,15 +276,42 @@ def _schedule_graph_ops(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
 def template_space(target: Target):
     """MetaSchedule space generator for ``topi-bn tune --space template``: the rules of
     ``target``'s table with sampled knobs (:func:`schedule_function` with ``tunable=True``),
-    bound to ``target``."""
+    bound to ``target``; one design space per combination of the ops' variants
+    (:func:`design_variants`), the defaults' first."""
     from tvm.s_tir import meta_schedule as ms
 
-    def fn(sch: tvm.s_tir.Schedule) -> None:
-        if not schedule_function(sch, target, tunable=True):
+    def fn(sch: tvm.s_tir.Schedule) -> list:
+        if not has_topi_bn_blocks(sch.mod["main"]):
             raise ValueError("template space: the function has no topi-bn blocks")
+        spaces = []
+        for variants in design_variants(sch, target):
+            space = sch.copy()
+            schedule_function(space, target, tunable=True, variants=variants)
+            spaces.append(space)
+        return spaces
 
     return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs="from-target",
                                          mutator_probs="from-target")
+
+
+def register_record_intrinsics(text: str) -> None:
+    """Register the topi-bn tensor intrinsics named in ``text``, a tuning record's JSON, before
+    MetaSchedule parses it (parsing replays the record's trace, and a ``tensorize`` needs its
+    intrinsic)."""
+    cpu_conv_dpbf16.register_intrinsics_named_in(text)
+
+
+def trace_runs_on(trace, target: Target) -> bool:
+    """Whether the code a recorded ``trace`` schedules runs on ``target``: False when it
+    tensorizes with a micro-kernel the target lacks the instructions of (``vdpbf16ps``
+    without AVX512_BF16: a record tuned on a Zen 5 and a build for a Skylake-X share the
+    ``x86-avx512`` log)."""
+    for inst in trace.insts:
+        name = str(inst.attrs[0]) if inst.kind.name == "Tensorize" else ""
+        if name.startswith(cpu_conv_dpbf16.INTRIN_PREFIX) and \
+                not cpu_conv_dpbf16.intrinsic_runs_on(name, target):
+            return False
+    return True
 
 
 @contextlib.contextmanager

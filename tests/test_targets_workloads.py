@@ -48,7 +48,8 @@ def test_registry_groups_and_sizes():
     blocked = {f"{g}-nchw{b}c{f}" for g in nets for b in (4, 8, 16)
                for f in ("", "-folded")} | {f"smoke-nchw{b}c" for b in (4, 8, 16)} | \
         {f"{g}-nchw{b}c-winograd{f}" for g in ("resnet18", "resnet50") for b in (4, 8, 16)
-         for f in ("", "-folded")}
+         for f in ("", "-folded")} | \
+        {f"{g}-nchw16c-dpbf16{f}" for g in nets for f in ("", "-folded")} | {"smoke-nchw16c-dpbf16"}
     assert set(workloads.groups()) == {*nets, "bn_train", "layer_norm", "smoke", "gpu"} | blocked
     r50 = workloads.list_workloads("resnet50")
     assert len(r50) == len({w.name for w in r50}) >= 15

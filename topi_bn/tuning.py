@@ -36,6 +36,7 @@ from .checks import check_choice, check_writable_dir, describe
 from .relax import lowering
 from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
+from .schedules.cpu_conv_dpbf16 import native_dpbf16
 from .schedules.rules import rules_for
 from .targets import resolve, resolve_target, target_family, tuning_log_key, vector_lanes
 from .tuning_db import build_visible_mod, merge_records, read_manifest
@@ -111,8 +112,8 @@ def _relax_module(workload, dtype: str):
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    params = [relax.Var(name, relax.TensorType(shape, dtype))
-              for name, shape in workload.shapes.items()]
+    params = [relax.Var(name, relax.TensorType(shape, dt))
+              for (name, shape), dt in zip(workload.shapes.items(), workload.arg_dtypes(dtype))]
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_te(lambda *args: workload.compute(*args), *params,
@@ -149,7 +150,9 @@ def workload_prim_func(workload, dtype: str = "float32", target=None):
     workload : Workload or str
         A registry workload or its name.
     dtype : str
-        Element type of the inputs.
+        Element type of the build: every input's, except in ``bfloat16``, whose batch-norm
+        parameters (and Winograd weights) a bf16 build keeps in float32
+        (:meth:`topi_bn.workloads.Workload.arg_dtypes`).
     target : optional
         Target made current while the passes run (``x86`` when None).
     """
@@ -161,6 +164,7 @@ def workload_prim_func(workload, dtype: str = "float32", target=None):
         raise TypeError(f"workload: expected a Workload or a workload name, got "
                         f"{describe(workload)}")
     dtype = check_choice("dtype", dtype, DTYPES + ("float64",))
+    workload.arg_dtypes(dtype)  # a pair kernel in another dtype: ValueError naming dtype
     mod = _relax_module(workload, dtype)
     with resolve_target(target if target is not None else "x86"):
         mod = tvm.transform.Sequential(fuse_passes())(mod)
@@ -171,21 +175,23 @@ def workload_prim_func(workload, dtype: str = "float32", target=None):
 
 
 # -- arguments ------------------------------------------------------------------------------------
-def select_workloads(spec, target=None) -> list:
+def select_workloads(spec, target=None, dtype: str = "float32") -> list:
     """Workloads named by ``spec``: a group (``topi_bn.workloads.groups()``), ``"all"``, a
     comma-separated list of workload names, or a sequence of names/Workloads.
 
     With a CPU ``target``, a network group (``resnet18``, ``resnet50``, ``mobilenetv2``) or
     ``"all"`` also brings the blocked-layout kernels a CPU build of the network runs, for the
     target's block size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2) and its Winograd kernels
-    (``resnet50-nchw8c-winograd``), after the NCHW ones; the ``bn="folded"`` kernels are their
-    own groups (``resnet50-nchw8c-folded``, ``resnet50-nchw8c-winograd-folded``)."""
+    (``resnet50-nchw8c-winograd``), after the NCHW ones; in ``bfloat16`` on a target with
+    AVX512_BF16, the ``vdpbf16ps`` pair kernels (``resnet50-nchw16c-dpbf16``) instead of the
+    blocked and Winograd kernels they replace. The ``bn="folded"`` kernels are their own groups
+    (``resnet50-nchw8c-folded``, ``resnet50-nchw8c-winograd-folded``)."""
     if isinstance(spec, _workloads.Workload):
         return [spec]
     if isinstance(spec, str):
         spec = spec.strip()
         if spec == "all" or spec in _workloads.groups():
-            return _workloads.list_workloads(spec) + _blocked_for(spec, target)
+            return _workloads.list_workloads(spec) + _blocked_for(spec, target, dtype)
         names = [s.strip() for s in spec.split(",") if s.strip()]
     elif isinstance(spec, Sequence):
         names = list(spec)
@@ -209,9 +215,9 @@ def select_workloads(spec, target=None) -> list:
     return out
 
 
-def _blocked_for(group: str, target) -> list:
-    """The blocked-layout workloads that go with ``group`` on CPU ``target`` (none for other
-    groups and targets)."""
+def _blocked_for(group: str, target, dtype: str) -> list:
+    """The blocked-layout workloads that go with ``group`` on CPU ``target`` in ``dtype`` (none
+    for other groups and targets)."""
     networks = _workloads.NETWORKS if group == "all" else (group,)
     if target is None or not set(networks) <= set(_workloads.NETWORKS):
         return []
@@ -221,9 +227,16 @@ def _blocked_for(group: str, target) -> list:
     lanes = vector_lanes(tgt, "float32")
     if lanes not in _workloads.BLOCK_SIZES:
         return []
-    chosen = _workloads.blocked_groups(lanes, networks=networks) + \
-        _workloads.blocked_groups(lanes, networks=networks, winograd=True)
-    return [w for g in chosen for w in _workloads.list_workloads(g)]
+    direct = [w for g in _workloads.blocked_groups(lanes, networks=networks)
+              for w in _workloads.list_workloads(g)]
+    winograd = [w for g in _workloads.blocked_groups(lanes, networks=networks, winograd=True)
+                for w in _workloads.list_workloads(g)]
+    if dtype != "bfloat16" or not native_dpbf16(tgt.target):
+        return direct + winograd
+    # a bf16 build on AVX512_BF16 runs the pair kernel wherever it applies, Winograd nowhere
+    # (every Winograd layer has a pair twin)
+    pairs = [_workloads.pair_twin(w) for w in direct]
+    return [_workloads.get(p.name) if p else w for p, w in zip(pairs, direct)]
 
 
 def _check_trials(trials) -> int:
@@ -492,10 +505,10 @@ def tune(target="x86", workloads="smoke", trials: int = 16, log_dir: str | os.Pa
     tgt = rt.target
     if rpc_tracker is not None:
         parse_tracker(rpc_tracker)
-    chosen = select_workloads(workloads, rt)
+    dtype = check_choice("dtype", dtype, DTYPES)
+    chosen = select_workloads(workloads, rt, dtype)
     trials = _check_trials(trials)
     space = check_choice("space", space, SPACES)
-    dtype = check_choice("dtype", dtype, DTYPES)
     if log_dir is None:
         log_dir = os.path.join("tuning_logs", tuning_log_key(rt))
     log_dir = check_writable_dir("log_dir", log_dir)

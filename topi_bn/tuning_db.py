@@ -23,7 +23,10 @@ Which records apply to a build (:func:`load_logs`):
 
 - target: a record applies when its target has the build target's kind and
   :func:`topi_bn.targets.tuning_log_key` (x86-avx512, x86-avx2, arm-neon, cuda-sm_XX); a
-  schedule tuned on one AVX-512 CPU is valid code for any other;
+  schedule tuned on one AVX-512 CPU is valid code for any other, except one whose micro-kernel
+  inlines ``vdpbf16ps``, which applies only to targets with AVX512_BF16
+  (:func:`topi_bn.schedules.rules.trace_runs_on`); the tensor intrinsics a record's trace
+  names are registered before it is parsed (parsing replays the trace);
 - failed measurements (MetaSchedule's 1e10 s) are dropped;
 - several logs: for each workload the records come from the first log, in priority order, that
   has a valid record for it. User logs come before the shipped one, so a user's records win over
@@ -43,6 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from .schedules.rules import register_record_intrinsics, trace_runs_on
 from .targets import resolve, resolve_target, tuning_log_key
 
 __all__ = [
@@ -198,6 +202,7 @@ def _parse_log(log_dir: str, strict: bool = False,
             try:
                 idx, rec_json = json.loads(line)
                 if idx in chosen:
+                    register_record_intrinsics(line)
                     rec = ms.database.TuningRecord.from_json(rec_json, chosen[idx])
                 elif not strict and idx not in workloads:
                     raise ValueError(f"no workload {idx}")
@@ -258,7 +263,7 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
 
     Parsing the shipped x86 log takes seconds, and a benchmark or a model zoo builds many times
     in one process: a read that raised no warning is kept (keyed by the files' size and
-    modification time and by the target's log key), so the next build with the same, unchanged
+    modification time and by the target), so the next build with the same, unchanged
     logs reuses it. A read that warned is not kept, so every build warns again.
 
     Parameters
@@ -274,7 +279,8 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
     LoadedLogs
     """
     t = resolve(target)
-    key = (_files_state(log_dirs), t.target.kind.name, tuning_log_key(t))
+    # the whole target: which records apply also depends on its features (trace_runs_on)
+    key = (_files_state(log_dirs), str(t.target), tuning_log_key(t))
     if key in _CACHE:
         return _CACHE[key]
     with warnings.catch_warnings(record=True) as caught:
@@ -300,7 +306,8 @@ def _read_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
         for workload, records in _load_one(log_dir):
             usable = []
             for rec in records:
-                if not record_applies(rec.target, target):
+                if not record_applies(rec.target, target) or \
+                        not trace_runs_on(rec.trace, target.target):
                     skipped["other_target"] += 1
                 elif run_time(rec) >= _FAILED_SECS:
                     skipped["failed"] += 1
@@ -374,6 +381,10 @@ def merge_records(log_dir: str, mod, records: Sequence, manifest_key: str | None
                 if os.path.exists(src):
                     shutil.copyfile(src, os.path.join(tmp, name))
             try:
+                rec_path = os.path.join(tmp, RECORD_FILE)
+                if os.path.exists(rec_path):  # the database replays every record's trace
+                    with open(rec_path, encoding="utf-8", errors="replace") as f:
+                        register_record_intrinsics(f.read())
                 jdb = ms.database.JSONDatabase(work_dir=tmp)
             except Exception as err:
                 raise ValueError(

@@ -94,11 +94,14 @@ def _median_s(evaluator, args) -> float:
 
 
 def _arguments(workload, func, dtype: str) -> list:
-    """Random inputs of ``workload`` and empty outputs, as runtime tensors."""
+    """Random inputs of ``workload`` in the element types ``func`` takes them
+    (:meth:`~topi_bn.workloads.Workload.arg_dtypes`: a bf16 build's batch-norm parameters are
+    float32) and empty outputs, as runtime tensors."""
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    ins = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in workload.random_inputs(dtype)]
+    ins = [tvm.runtime.tensor(np.ascontiguousarray(a))
+           for a in workload.random_inputs(dtypes=workload.arg_dtypes(dtype))]
     infos = ArgInfo.from_prim_func(func)[len(ins):]
     return ins + [tvm.runtime.empty(tuple(int(d) for d in a.shape), a.dtype) for a in infos]
 

@@ -27,7 +27,10 @@ Groups:
   ``...-folded``): the kernels a blocked build runs by Winograd's algorithm instead (the
   ResNets' stride-1 3x3 convs; :func:`~topi_bn.compute.conv2d_bn_act_winograd_nchwc`), the
   weight the transformed one, the register tile sized for the block's target
-  (:data:`BLOCK_TARGETS`).
+  (:data:`BLOCK_TARGETS`). ``<network>-nchw16c-dpbf16`` (and ``...-folded``): the kernels a
+  ``dtype="bfloat16"`` build runs on an AVX512_BF16 CPU instead (:func:`pair_twin`: the
+  ``vdpbf16ps`` conv, its weight in input-channel pairs; bfloat16 only, BN parameters
+  float32, :meth:`Workload.arg_dtypes`).
   :func:`blocked_groups` names the groups of a block size (a target's lanes).
 
 A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeholders,
@@ -38,7 +41,7 @@ makes NumPy inputs and :meth:`Workload.reference` answers in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -46,19 +49,37 @@ from . import compute, reference
 from .checks import conv_geometry, conv_geometry_nchwc
 from .layouts import ChannelBlocking, pack_winograd_weight
 from .relax.blocked import winograd_tile, winograd_tiles
+from .schedules.cpu_conv_dpbf16 import LANE_WIDTHS
 from .schedules.cpu_conv_winograd import winograd_tile_block
 from .targets import resolve_target
 
 __all__ = ["Workload", "get", "list_workloads", "groups", "describe_groups", "blocked_groups",
-           "OPS", "CONV_OPS",
+           "pair_twin", "OPS", "CONV_OPS", "DPBF16_OPS", "BF16_ARGS",
            "WINOGRAD_OPS", "BLOCK_SIZES", "NETWORKS", "BLOCK_TARGETS", "GPU_DTYPES", "NOT_IN_ALL"]
 
 OPS = ("conv2d_bn_relu", "batch_norm_train", "layer_norm", "conv2d_bn_act_nchwc",
-       "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
+       "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
+       "conv2d_bn_act_dpbf16_nchwc", "conv2d_shift_act_dpbf16_nchwc")
 CONV_OPS = ("conv2d_bn_relu", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc",
-            "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
+            "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
+            "conv2d_bn_act_dpbf16_nchwc", "conv2d_shift_act_dpbf16_nchwc")
 BLOCKED_OPS = ("conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc")
 WINOGRAD_OPS = ("conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc")
+#: the bf16 conv with its weight in input-channel pairs (``vdpbf16ps``): bfloat16 only
+DPBF16_OPS = ("conv2d_bn_act_dpbf16_nchwc", "conv2d_shift_act_dpbf16_nchwc")
+#: op -> the arguments a ``dtype="bfloat16"`` build holds in bf16 (the others stay float32:
+#: batch-norm parameters and statistics, a Winograd kernel's float32 transformed weight)
+BF16_ARGS = {
+    "conv2d_bn_act_nchwc": ("data", "weight", "residual"),
+    "conv2d_shift_act_nchwc": ("data", "weight", "residual"),
+    "conv2d_bn_act_dpbf16_nchwc": ("data", "weight", "residual"),
+    "conv2d_shift_act_dpbf16_nchwc": ("data", "weight", "residual"),
+    "conv2d_bn_act_winograd_nchwc": ("data", "residual"),
+    "conv2d_shift_act_winograd_nchwc": ("data", "residual"),
+    "batch_norm_train": ("data",),
+    "batch_norm_infer": ("data",),
+    "layer_norm": ("data", "gamma", "beta"),
+}
 # channel blocks of the blocked-layout workloads: fp32 lanes of NEON, AVX2 and AVX-512
 BLOCK_SIZES = (4, 8, 16)
 #: The target whose registers size a Winograd workload's register tile, per block size.
@@ -99,16 +120,37 @@ class Workload:
     def arg_names(self) -> tuple[str, ...]:
         return tuple(self.shapes)
 
+    def arg_dtypes(self, dtype: str) -> list[str]:
+        """Each argument's element type in a build of ``dtype``: for ``bfloat16``, a
+        ``dtype="bfloat16"`` build's (:data:`BF16_ARGS` in bf16, the others float32), else
+        ``dtype`` throughout.
+
+        Raises
+        ------
+        ValueError
+            A pair-kernel workload (:data:`DPBF16_OPS`) and a ``dtype`` other than bfloat16.
+        """
+        if self.op in DPBF16_OPS and dtype != "bfloat16":
+            raise ValueError(f"dtype: {self.name} is the vdpbf16ps pair kernel, bfloat16 only; "
+                             f"got {dtype!r}")
+        held = BF16_ARGS.get(self.op) if dtype == "bfloat16" else None
+        if held is None:
+            return [dtype] * len(self.shapes)
+        return ["bfloat16" if n in held else "float32" for n in self.shapes]
+
     def te_args(self, dtype: str = "float32") -> list:
         from tvm import te
 
         return [te.placeholder(shape, dtype, name=name) for name, shape in self.shapes.items()]
 
-    def random_inputs(self, dtype: str = "float32", seed: int = 0) -> list[np.ndarray]:
-        """Inputs with realistic statistics (positive variances, unit-ish scale)."""
+    def random_inputs(self, dtype: str = "float32", seed: int = 0,
+                      dtypes: Sequence[str] | None = None) -> list[np.ndarray]:
+        """Inputs with realistic statistics (positive variances, unit-ish scale), in ``dtype``
+        or, one per argument, ``dtypes`` (e.g. :meth:`arg_dtypes`)."""
         rng = np.random.default_rng(seed)
         out = []
-        for name, shape in self.shapes.items():
+        dtypes = list(dtypes) if dtypes is not None else [dtype] * len(self.shapes)
+        for (name, shape), dt in zip(self.shapes.items(), dtypes):
             if name in ("var", "running_var"):
                 a = rng.uniform(0.5, 1.5, shape)
             elif name == "weight" and self.op in WINOGRAD_OPS:
@@ -118,7 +160,7 @@ class Workload:
                 a = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
             else:
                 a = rng.standard_normal(shape)
-            out.append(_as_dtype(a, dtype))
+            out.append(_as_dtype(a, dt))
         return out
 
     def _winograd_weight(self, rng) -> np.ndarray:
@@ -170,10 +212,13 @@ class Workload:
             _, _, ko, co, cb, kb = weight
             return conv_geometry_nchwc(_Shape(self.shapes["data"]),
                                        _Shape((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
+        if self.op in DPBF16_OPS:  # pairs of the data's block: the blocked weight's shape
+            ko, co, kh, kw, _, kb, _ = weight
+            weight = (ko, co, kh, kw, self.shapes["data"][-1], kb)
         args = (_Shape(self.shapes["data"]), _Shape(weight),
                 self.params.get("strides", 1), self.params.get("padding", 0),
                 self.params.get("dilation", 1), self.params.get("groups", 1))
-        if self.op in BLOCKED_OPS:
+        if self.op in BLOCKED_OPS + DPBF16_OPS:
             return conv_geometry_nchwc(*args)
         return conv_geometry(*args, self.params.get("layout", "NCHW"))
 
@@ -361,6 +406,25 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
                     block=direct.block)
 
 
+def pair_twin(direct: Workload) -> Workload | None:
+    """The ``vdpbf16ps`` pair kernel a bf16 build on an AVX512_BF16 CPU runs for blocked conv
+    ``direct`` (:func:`topi_bn.relax.blocked.dpbf16_applies`: groups 1, output blocks of 8 or
+    16 channels), or None: the weight packed in input-channel pairs
+    (:func:`~topi_bn.layouts.pack_weight_pairs`)."""
+    if direct.op not in BLOCKED_OPS or direct.params.get("groups", 1) != 1 or \
+            direct.shapes["weight"][-1] not in LANE_WIDTHS:
+        return None
+    ko, co, kh, kw, cb, kb = direct.shapes["weight"]
+    shapes = dict(direct.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
+    params = {k: v for k, v in direct.params.items() if k != "groups"}
+    folded = direct.op == "conv2d_shift_act_nchwc"
+    name = direct.name.replace(".folded", "") + ".dpbf16" + (".folded" if folded else "")
+    suffix = f"-nchw{direct.block}c"
+    groups = tuple(g.replace(suffix, suffix + "-dpbf16") for g in direct.groups)
+    return Workload(name, DPBF16_OPS[folded], shapes, params, groups, base=direct.base,
+                    block=direct.block)
+
+
 def _residual_layers() -> dict[str, list[tuple[Workload, bool, str]]]:
     """Per network of :data:`NETWORKS`, ``(NCHW layer, residual, activation)`` of every conv
     as the network runs it; the NCHW groups list each distinct conv once, without its
@@ -388,17 +452,21 @@ def _blocked() -> list[Workload]:
                     if winograd is not None:
                         out.append(winograd)
         out += [_conv_nchwc(w, block, res, act) for w, res, act in smoke]
+    # the pair kernels: AVX512_BF16 CPUs, whose fp32 block is 16
+    out += [t for t in map(pair_twin, [w for w in out if w.block == 16]) if t is not None]
     return out
 
 
 def blocked_groups(block: int, folded: bool = False, networks=NETWORKS,
-                   winograd: bool = False) -> tuple[str, ...]:
+                   winograd: bool = False, dpbf16: bool = False) -> tuple[str, ...]:
     """The blocked-layout groups of ``block`` (a target's fp32 lanes) for ``networks``: the
     direct kernels', or (``winograd``) those of the networks that have Winograd kernels
-    (``resnet50-nchw8c-winograd``; MobileNetV2 has none)."""
+    (``resnet50-nchw8c-winograd``; MobileNetV2 has none), or (``dpbf16``) the bf16 pair
+    kernels' (block 16 only: ``resnet50-nchw16c-dpbf16``)."""
     if block not in BLOCK_SIZES:
         raise ValueError(f"block: expected one of {BLOCK_SIZES}, got {block!r}")
-    suffix = f"-nchw{block}c" + ("-winograd" if winograd else "") + ("-folded" if folded else "")
+    suffix = f"-nchw{block}c" + ("-winograd" if winograd else "") + \
+        ("-dpbf16" if dpbf16 else "") + ("-folded" if folded else "")
     return tuple(n + suffix for n in networks if n + suffix in groups())
 
 
@@ -483,7 +551,7 @@ def describe_groups() -> str:
     of the blocked-layout ones."""
     plain = [g for g in groups() if "-nchw" not in g]
     return (", ".join(plain + ["all"]) + ", or a blocked-layout group "
-            "<network>-nchw<4|8|16>c[-winograd][-folded] (topi_bn.workloads.groups())")
+            "<network>-nchw<4|8|16>c[-winograd|-dpbf16][-folded] (topi_bn.workloads.groups())")
 
 
 def list_workloads(group: str | None = None, op: str | None = None) -> list[Workload]:

@@ -761,6 +761,7 @@ def test_bf16_layer_row_runs_the_networks_kernel(target, kind):
     from topi_bn import workloads as W
     from topi_bn.bench import ops
     from topi_bn.targets import resolve_target
+    from topi_bn.tuning import workload_prim_func
 
     tgt = resolve_target(target)
     for name in ("resnet50.conv1x1_256_128_56_s1_relu", "resnet50.conv3x3_64_64_56_s1_relu",
@@ -773,8 +774,8 @@ def test_bf16_layer_row_runs_the_networks_kernel(target, kind):
             assert (kh, two) == (wl.shapes["weight"][2], 2)
             assert pairs == (twin.shapes["data"][-1] + 1) // 2  # the stem's 3 channels: 2
             assert "groups" not in twin.params
-            assert ops.BF16_ARGS[twin.op][:2] == ("data", "weight")  # both held in bf16
-            assert "bfloat16" in ops.bf16_prim_func(twin).script()
+            assert W.BF16_ARGS[twin.op][:2] == ("data", "weight")  # both held in bf16
+            assert "bfloat16" in workload_prim_func(twin, "bfloat16", tgt).script()
         else:
             assert "dpbf16" not in twin.op
             assert ("winograd" in twin.op) == ("3x3_64_64_56_s1" in name)

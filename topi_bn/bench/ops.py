@@ -63,7 +63,6 @@ An implementation is a small :class:`OpImpl` subclass (name, kind, the ops it se
 # Long because: one class per op implementation, on shared inputs and checks.
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -79,8 +78,7 @@ from ..layouts import (
     pack_winograd_weight,
 )
 from ..relax import tvm_lowering
-from .. import compute as computes
-from ..relax.blocked import DPBF16_COMPUTES, dpbf16_applies
+from ..relax.blocked import dpbf16_applies
 from ..schedules import apply_default_schedules
 from ..targets import resolve_target, target_family
 from ..testing import error_to_range, TOLERANCES
@@ -98,7 +96,7 @@ __all__ = ["QUICK_WORKLOADS", "DEFAULT_GROUPS", "OpContext", "OpImpl", "IMPLEMEN
            "impl_names", "prepare", "check_output", "select_workloads", "op_cases",
            "bench_workloads", "kernel_prim_func", "build_kernel", "relax_module", "tvm_vm",
            "prepare_in_worker", "BF16_IMPLEMENTATIONS", "BF16_CHECK_TOLERANCE",
-           "bf16_prim_func", "bf16_twin", "pair_twin", "BF16_ARGS"]
+           "bf16_twin"]
 
 # A few workloads of every kind, for ``--quick``: the ResNet stem, a 3x3 and a 1x1 conv, a
 # MobileNetV2 depthwise and pointwise conv, both BN layouts, a small and a large layer_norm.
@@ -450,40 +448,12 @@ class OpenVinoBf16(OpenVino):
 #: 2**-8 of a value each), with room for the float32 arithmetic between
 BF16_CHECK_TOLERANCE = 2.0 ** -6
 
-#: op -> the arguments a ``dtype="bfloat16"`` build holds in bf16 (the others stay float32:
-#: batch-norm parameters and statistics, a Winograd kernel's float32 transformed weight)
-BF16_ARGS = {
-    "conv2d_bn_act_nchwc": ("data", "weight", "residual"),
-    "conv2d_shift_act_nchwc": ("data", "weight", "residual"),
-    "conv2d_bn_act_dpbf16_nchwc": ("data", "weight", "residual"),
-    "conv2d_bn_act_winograd_nchwc": ("data", "residual"),
-    "conv2d_shift_act_winograd_nchwc": ("data", "residual"),
-    "batch_norm_train": ("data",),
-    "batch_norm_infer": ("data",),
-    "layer_norm": ("data", "gamma", "beta"),
-}
-
-
-def _bf16_dtypes(wl: W.Workload) -> list[str]:
-    held = BF16_ARGS.get(wl.op, ())
-    return ["bfloat16" if n in held else "float32" for n in wl.shapes]
-
-
 def _bf16_te(wl: W.Workload):
     from tvm import te
 
     args = [te.placeholder(shape, dt, name=n)
-            for (n, shape), dt in zip(wl.shapes.items(), _bf16_dtypes(wl))]
+            for (n, shape), dt in zip(wl.shapes.items(), wl.arg_dtypes("bfloat16"))]
     return args, wl.compute(*args)
-
-
-def bf16_prim_func(wl: W.Workload):
-    """``wl``'s compute as a ``dtype="bfloat16"`` build emits it (:data:`BF16_ARGS` in bf16),
-    arguments then outputs."""
-    from tvm import te
-
-    args, outs = _bf16_te(wl)
-    return te.create_prim_func(args + outs)
 
 
 def bf16_twin(wl: W.Workload, target) -> W.Workload:
@@ -500,7 +470,7 @@ def bf16_twin(wl: W.Workload, target) -> W.Workload:
     if blocked is not None and dpbf16_applies(target, "bfloat16", wl.params.get("groups", 1),
                                               blocked.shapes["data"][-1],
                                               blocked.shapes["weight"][-1]):
-        return pair_twin(blocked)
+        return W.get(W.pair_twin(blocked).name)
     group = f"{wl.name.split('.')[0]}-nchw{block}c-winograd"
     wino = [t for t in (W.list_workloads(group) if group in W.groups() else [])
             if t.base == wl.name]
@@ -510,23 +480,12 @@ def bf16_twin(wl: W.Workload, target) -> W.Workload:
     return twin
 
 
-def pair_twin(blocked: W.Workload) -> W.Workload:
-    """Blocked conv workload ``blocked`` on the ``vdpbf16ps`` pair kernel
-    (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`): its weight packed in input-channel pairs
-    (:func:`~topi_bn.layouts.pack_weight_pairs`), groups 1."""
-    ko, co, kh, kw, cb, kb = blocked.shapes["weight"]
-    shapes = dict(blocked.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
-    params = {k: v for k, v in blocked.params.items() if k != "groups"}
-    op = DPBF16_COMPUTES[getattr(computes, blocked.op)].__name__
-    return dataclasses.replace(blocked, name=f"{blocked.name}.dpbf16", op=op, shapes=shapes,
-                               params=params)
-
-
 class TopiBnBf16(OpImpl):
     """The kernel a ``dtype="bfloat16"`` network build runs for the layer (:func:`bf16_twin`,
-    :func:`bf16_prim_func`), built with the run's tuning logs (the shipped logs hold no bf16
-    records yet: default schedules), timed on inputs already in its layout and dtype (blocked,
-    packed or transformed, rounded to bf16 once, untimed), as :class:`TopiBnBlocked`."""
+    its arguments' dtypes :meth:`~topi_bn.workloads.Workload.arg_dtypes`), built with the run's tuning logs (the
+    shipped ``x86-avx512`` log has records of the pair kernels; the other bf16 kernels run
+    their default schedules), timed on inputs already in its layout and dtype (blocked, packed
+    or transformed, rounded to bf16 once, untimed), as :class:`TopiBnBlocked`."""
 
     name, dtype = "topi-bn bf16", "bfloat16"
     runtime = "tvm"
@@ -537,7 +496,7 @@ class TopiBnBf16(OpImpl):
         if target_family(ctx.target) == "cuda":
             raise Unavailable("the bf16 build is measured on CPUs here")
         twin = bf16_twin(wl, ctx.target)
-        func = bf16_prim_func(twin)
+        func = kernel_prim_func(twin, ctx.target, "bfloat16")
         lib = build(func, ctx.target, tuning_logs=ctx.tuning_logs)
         _, had_record = schedule_prim_func(func, ctx.target, tuning_logs=ctx.tuning_logs)
         arrays = list(ctx.arrays)
@@ -562,7 +521,7 @@ class TopiBnBf16(OpImpl):
                          else np.maximum(-ref, 0) + 1)
                 shift = np.asarray(round_to_bfloat16(shift), np.float64)
                 arrays.append(nchw_to_nchwc(shift, kb))
-        dts = _bf16_dtypes(twin)
+        dts = twin.arg_dtypes("bfloat16")
         args = [tvm.runtime.tensor(np.ascontiguousarray(
             round_to_bfloat16(a) if dt == "bfloat16" else np.asarray(a, np.float32)))
             for a, dt in zip(arrays, dts)]

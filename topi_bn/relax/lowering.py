@@ -102,7 +102,7 @@ class NarrowKernelIndices:
         out = None
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc) or not _fits_int32(func) \
-                    or not has_topi_bn_blocks(func) or _tensorized(func):
+                    or not has_topi_bn_blocks(func):
                 continue
             out = mod.clone() if out is None else out
             out.update_func(gv, narrow_indices(func))
@@ -112,8 +112,9 @@ class NarrowKernelIndices:
 def narrow_indices(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """``func`` with int32 loop and index arithmetic when its buffers fit (as
     :class:`NarrowKernelIndices` compiles every topi-bn kernel; the tuner measures its candidates
-    the same way), else ``func`` unchanged."""
-    if not _fits_int32(func):
+    the same way), else ``func`` unchanged (also a tensorized one: :class:`NarrowKernelIndices`
+    says why)."""
+    if not _fits_int32(func) or _tensorized(func):
         return func
     narrow = tvm.tirx.transform.ForceNarrowIndexToInt32()
     return narrow(tvm.IRModule({"main": func}))["main"]
