@@ -48,7 +48,7 @@ import numpy as np
 from . import compute, reference
 from .checks import conv_geometry, conv_geometry_nchwc
 from .layouts import ChannelBlocking, pack_winograd_weight
-from .relax.blocked import winograd_tile, winograd_tiles
+from .relax.blocked import DPBF16_COMPUTES, winograd_tile, winograd_tiles
 from .schedules.cpu_conv_dpbf16 import LANE_WIDTHS
 from .schedules.cpu_conv_winograd import winograd_tile_block
 from .targets import resolve_target
@@ -421,7 +421,9 @@ def pair_twin(direct: Workload) -> Workload | None:
     name = direct.name.replace(".folded", "") + ".dpbf16" + (".folded" if folded else "")
     suffix = f"-nchw{direct.block}c"
     groups = tuple(g.replace(suffix, suffix + "-dpbf16") for g in direct.groups)
-    return Workload(name, DPBF16_OPS[folded], shapes, params, groups, base=direct.base,
+    # the graph pass's table of which pair compute replaces which blocked one
+    op = DPBF16_COMPUTES[getattr(compute, direct.op)].__name__
+    return Workload(name, op, shapes, params, groups, base=direct.base,
                     block=direct.block)
 
 

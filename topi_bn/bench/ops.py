@@ -482,10 +482,11 @@ def bf16_twin(wl: W.Workload, target) -> W.Workload:
 
 class TopiBnBf16(OpImpl):
     """The kernel a ``dtype="bfloat16"`` network build runs for the layer (:func:`bf16_twin`,
-    its arguments' dtypes :meth:`~topi_bn.workloads.Workload.arg_dtypes`), built with the run's tuning logs (the
-    shipped ``x86-avx512`` log has records of the pair kernels and of MobileNetV2's bf16
-    depthwise convs), timed on inputs already in its layout and dtype (blocked, packed
-    or transformed, rounded to bf16 once, untimed), as :class:`TopiBnBlocked`."""
+    its arguments' dtypes :meth:`~topi_bn.workloads.Workload.arg_dtypes`), built with the
+    run's tuning logs (the shipped ``x86-avx512`` log has records of the pair kernels and of
+    MobileNetV2's bf16 depthwise convs), timed on inputs already in its layout and dtype
+    (blocked, packed or transformed, rounded to bf16 once, untimed), as
+    :class:`TopiBnBlocked`."""
 
     name, dtype = "topi-bn bf16", "bfloat16"
     runtime = "tvm"
