@@ -184,7 +184,8 @@ def select_workloads(spec, target=None, dtype: str = "float32") -> list:
     target's block size (its fp32 lanes: ``resnet50-nchw8c`` for AVX2) and its Winograd kernels
     (``resnet50-nchw8c-winograd``), after the NCHW ones; in ``bfloat16`` on a target with
     AVX512_BF16, the ``vdpbf16ps`` pair kernels (``resnet50-nchw16c-dpbf16``) instead of the
-    blocked and Winograd kernels they replace. The ``bn="folded"`` kernels are their own groups
+    blocked and Winograd kernels they replace, and the network's last conv with its float32
+    output (``...dpbf16.f32``). The ``bn="folded"`` kernels are their own groups
     (``resnet50-nchw8c-folded``, ``resnet50-nchw8c-winograd-folded``)."""
     if isinstance(spec, _workloads.Workload):
         return [spec]
@@ -236,7 +237,11 @@ def _blocked_for(group: str, target, dtype: str) -> list:
     # a bf16 build on AVX512_BF16 runs the pair kernel wherever it applies, Winograd nowhere
     # (every Winograd layer has a pair twin)
     pairs = [_workloads.pair_twin(w) for w in direct]
-    return [_workloads.get(p.name) if p else w for p, w in zip(pairs, direct)]
+    # and the last conv of each network again, with the float32 output (and residual) a bf16
+    # build gives it for the pooling it feeds
+    last = [w for g in _workloads.blocked_groups(lanes, networks=networks, dpbf16=True)
+            for w in _workloads.list_workloads(g) if w.params.get("out_dtype") == "float32"]
+    return [_workloads.get(p.name) if p else w for p, w in zip(pairs, direct)] + last
 
 
 def _check_trials(trials) -> int:

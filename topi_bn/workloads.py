@@ -122,8 +122,9 @@ class Workload:
 
     def arg_dtypes(self, dtype: str) -> list[str]:
         """Each argument's element type in a build of ``dtype``: for ``bfloat16``, a
-        ``dtype="bfloat16"`` build's (:data:`BF16_ARGS` in bf16, the others float32), else
-        ``dtype`` throughout.
+        ``dtype="bfloat16"`` build's (:data:`BF16_ARGS` in bf16, the others float32; the
+        residual of a conv whose output the build keeps in float32, ``out_dtype``, float32
+        too), else ``dtype`` throughout.
 
         Raises
         ------
@@ -136,6 +137,8 @@ class Workload:
         held = BF16_ARGS.get(self.op) if dtype == "bfloat16" else None
         if held is None:
             return [dtype] * len(self.shapes)
+        if self.params.get("out_dtype") == "float32":  # the residual is in the output's type
+            held = tuple(n for n in held if n != "residual")
         return ["bfloat16" if n in held else "float32" for n in self.shapes]
 
     def te_args(self, dtype: str = "float32") -> list:
@@ -406,19 +409,26 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
                     block=direct.block)
 
 
-def pair_twin(direct: Workload) -> Workload | None:
+def pair_twin(direct: Workload, out_dtype: str = "bfloat16") -> Workload | None:
     """The ``vdpbf16ps`` pair kernel a bf16 build on an AVX512_BF16 CPU runs for blocked conv
     ``direct`` (:func:`topi_bn.relax.blocked.dpbf16_applies`: groups 1, output blocks of 8 or
     16 channels), or None: the weight packed in input-channel pairs
-    (:func:`~topi_bn.layouts.pack_weight_pairs`)."""
+    (:func:`~topi_bn.layouts.pack_weight_pairs`). ``out_dtype="float32"``: the twin of a conv
+    whose output the build keeps in float32 (a network's last conv, feeding the pooling;
+    named ``...dpbf16.f32``), its residual float32 too."""
+    if out_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"out_dtype: expected 'bfloat16' or 'float32', got {out_dtype!r}")
     if direct.op not in BLOCKED_OPS or direct.params.get("groups", 1) != 1 or \
             direct.shapes["weight"][-1] not in LANE_WIDTHS:
         return None
     ko, co, kh, kw, cb, kb = direct.shapes["weight"]
     shapes = dict(direct.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
     params = {k: v for k, v in direct.params.items() if k != "groups"}
+    if out_dtype == "float32":
+        params["out_dtype"] = out_dtype
     folded = direct.op == "conv2d_shift_act_nchwc"
-    name = direct.name.replace(".folded", "") + ".dpbf16" + (".folded" if folded else "")
+    name = direct.name.replace(".folded", "") + ".dpbf16" + \
+        (".f32" if out_dtype == "float32" else "") + (".folded" if folded else "")
     suffix = f"-nchw{direct.block}c"
     groups = tuple(g.replace(suffix, suffix + "-dpbf16") for g in direct.groups)
     # the graph pass's table of which pair compute replaces which blocked one
@@ -454,8 +464,13 @@ def _blocked() -> list[Workload]:
                     if winograd is not None:
                         out.append(winograd)
         out += [_conv_nchwc(w, block, res, act) for w, res, act in smoke]
-    # the pair kernels: AVX512_BF16 CPUs, whose fp32 block is 16
+    # the pair kernels: AVX512_BF16 CPUs, whose fp32 block is 16; a network's last conv feeds
+    # the pooling, and a bf16 build keeps its output (and residual) in float32
     out += [t for t in map(pair_twin, [w for w in out if w.block == 16]) if t is not None]
+    for net in NETWORKS:
+        w, res, act = layers[net][-1]
+        out += [pair_twin(_conv_nchwc(w, 16, res, act, folded), "float32")
+                for folded in (False, True)]
     return out
 
 

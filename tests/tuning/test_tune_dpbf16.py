@@ -80,6 +80,19 @@ def test_template_space_is_one_design_space_per_variant():
     assert len({tvm_ffi.structural_hash(s.mod) for s in spaces}) == len(spaces)
 
 
+def _conv_case(rng, c, k, hw, ksize):
+    """A conv's float64 data (NCHW) and weight (OIHW), both bf16 values, and its BN gamma,
+    beta, mean and var."""
+    from topi_bn.dtypes import round_to_bfloat16
+
+    x = np.asarray(round_to_bfloat16(rng.standard_normal((1, c, hw, hw))), np.float64)
+    w = rng.standard_normal((k, c, ksize, ksize)) / np.sqrt(c * ksize * ksize)
+    w = np.asarray(round_to_bfloat16(w), np.float64)
+    bn = [rng.uniform(0.5, 1.5, k), rng.standard_normal(k), rng.standard_normal(k) * 0.1,
+          rng.uniform(0.5, 2.0, k)]
+    return x, w, bn
+
+
 @pytest.mark.parametrize("choice", [PairTile(4, 4, True), PairTile(8, 2, False),
                                     PairTile(4, 1, False), PairTile(8, 1, True)],
                          ids=str)
@@ -94,10 +107,7 @@ def test_every_variant_computes_right(rng, choice, require):
 
     require("avx2")
     c, k, hw = 32, 64, 8
-    x = np.asarray(round_to_bfloat16(rng.standard_normal((1, c, hw, hw))), np.float64)
-    w = np.asarray(round_to_bfloat16(rng.standard_normal((k, c, 3, 3)) / 17), np.float64)
-    bn = [rng.uniform(0.5, 1.5, k), rng.standard_normal(k), rng.standard_normal(k) * 0.1,
-          rng.uniform(0.5, 2.0, k)]
+    x, w, bn = _conv_case(rng, c, k, hw, 3)
     res = np.asarray(round_to_bfloat16(rng.standard_normal((1, 4, hw, hw, 16))), np.float64)
     xb, wp = nchw_to_nchwc(x, 16), pack_weight_pairs(w, 16, 16)
     expect = conv2d_bn_act_nchwc(xb, pack_weight(w, 16, 16), *bn, residual=res, strides=1,
@@ -119,6 +129,34 @@ def test_every_variant_computes_right(rng, choice, require):
     assert_close_to_range(np.asarray(got, np.float64), expect, "bfloat16")
 
 
+def test_the_float32_output_twin_computes_right(rng, require):
+    """The registry's twin of a network's last conv as a bf16 build runs it (ResNet-50's 1x1
+    512 -> 2048 at 7x7 with its residual: bf16 data and weight, float32 residual and output),
+    default schedule on the portable micro-kernel (AVX2 target), against the float64
+    reference: the arithmetic is float32 throughout, so is the tolerance."""
+    from topi_bn.dtypes import round_to_bfloat16
+    from topi_bn.layouts import nchw_to_nchwc, pack_weight, pack_weight_pairs
+    from topi_bn.reference import conv2d_bn_act_nchwc
+    from topi_bn.testing import assert_close_to_range, run_prim_func
+    from topi_bn.tuning import workload_prim_func
+
+    require("avx2")
+    c, k, hw = 512, 2048, 7
+    x, w, bn = _conv_case(rng, c, k, hw, 1)
+    res = rng.standard_normal((1, k // 16, hw, hw, 16)).astype("float32")
+    xb = nchw_to_nchwc(x, 16)
+    expect = conv2d_bn_act_nchwc(xb, pack_weight(w, 16, 16), *bn,
+                                 residual=res.astype(np.float64), strides=1, padding=0)
+    target = _target("x86-avx2")
+    name = "resnet50.conv1x1_512_2048_7_s1_relu_res.nchw16c.dpbf16.f32"
+    lib = topi_bn.build(workload_prim_func(name, "bfloat16", target), target, tuning_logs=None)
+    inputs = [round_to_bfloat16(xb), round_to_bfloat16(pack_weight_pairs(w, 16, 16))] + \
+        [a.astype("float32") for a in bn] + [res]
+    (got,) = run_prim_func(lib, inputs, [(expect.shape, "float32")])
+    assert got.dtype == np.float32
+    assert_close_to_range(np.asarray(got, np.float64), expect, "float32")
+
+
 def test_a_variant_that_does_not_divide_is_refused():
     target = _target(ZEN5)
     sch = tvm.s_tir.Schedule(_pair_mod())
@@ -130,7 +168,9 @@ def test_a_variant_that_does_not_divide_is_refused():
 # -- the registry and the selection -----------------------------------------------------------
 def test_pair_workloads_follow_their_blocked_twins():
     """Every 16-channel-block conv of groups 1 has a pair twin (and the depthwise ones none);
-    its weight is in input-channel pairs, its flops the twin's, its BN parameters float32."""
+    its weight is in input-channel pairs, its flops the twin's, its BN parameters float32.
+    The network's last conv, whose output a bf16 build keeps in float32 for the pooling, has
+    a second twin with a float32 output (and residual)."""
     for net in W.NETWORKS:
         for folded in (False, True):
             (direct,) = W.blocked_groups(16, folded, (net,))
@@ -144,12 +184,22 @@ def test_pair_workloads_follow_their_blocked_twins():
                 assert twins[t.name] == t and t.op in W.DPBF16_OPS and t.flops == w.flops
                 ko, co, kh, kw, cb, kb = w.shapes["weight"]
                 assert t.shapes["weight"] == (ko, co, kh, kw, (cb + 1) // 2, kb, 2)
-            assert len(twins) == sum(w.params.get("groups", 1) == 1
-                                     for w in W.list_workloads(direct))
+                assert "out_dtype" not in t.params
+            f32 = [t for t in twins.values() if t.params.get("out_dtype") == "float32"]
+            assert len(f32) == 1 and f32[0].name.endswith(".f32" + (".folded" if folded else ""))
+            assert len(twins) == 1 + sum(w.params.get("groups", 1) == 1
+                                         for w in W.list_workloads(direct))
     t = W.get(PAIR)
     assert t.arg_dtypes("bfloat16") == ["bfloat16", "bfloat16"] + ["float32"] * 4
+    last = W.get("resnet18.conv3x3_512_512_7_s1_relu_res.nchw16c.dpbf16.f32")
+    assert last.arg_dtypes("bfloat16") == ["bfloat16", "bfloat16"] + ["float32"] * 5
+    assert last.params["out_dtype"] == "float32"
+    assert W.get("resnet18.conv3x3_512_512_7_s1_relu_res.nchw16c.dpbf16").arg_dtypes(
+        "bfloat16")[-1] == "bfloat16"  # the residual of a bf16 output: bf16
     with pytest.raises(ValueError, match="dtype"):
         topi_bn.workload_prim_func(PAIR, "float32")
+    with pytest.raises(ValueError, match="out_dtype"):
+        W.pair_twin(W.get("resnet18.conv3x3_64_64_56_s1_relu.nchw16c"), "float16")
 
 
 @pytest.mark.parametrize("target,pairs", [(ZEN5, True), (SKYLAKE_X, False)],
@@ -171,8 +221,10 @@ def test_bf16_tuning_selects_the_kernels_the_build_runs(target, pairs):
             assert not ops & set(W.WINOGRAD_OPS)
             blocked = [w for w in bf16 if w.op == "conv2d_bn_act_nchwc"]
             assert all(w.params.get("groups", 1) > 1 for w in blocked)
-            assert len([w for w in bf16 if w.block]) == len([w for w in f32 if w.block
-                                                               and "tile" not in w.params])
+            last = [w for w in bf16 if w.params.get("out_dtype") == "float32"]
+            assert len(last) == 1 and last[0].op in W.DPBF16_OPS
+            assert len([w for w in bf16 if w.block]) == 1 + len(
+                [w for w in f32 if w.block and "tile" not in w.params])
         else:
             assert bf16 == f32
 
@@ -231,7 +283,8 @@ def test_a_pair_record_replays_in_a_fresh_process_on_avx512bf16_only(tmp_path):
 #: pair kernels whose shipped x86-avx512 records must apply (tuned on a Zen 5, 2026-11-27)
 SHIPPED_PAIRS = ["resnet50.conv1x1_256_64_56_s1_relu.nchw16c.dpbf16",
                  "resnet18.conv3x3_512_512_7_s1_relu.nchw16c.dpbf16",
-                 "mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c.dpbf16"]
+                 "mobilenetv2.conv1x1_144_24_56_s1_none_res.nchw16c.dpbf16",
+                 "resnet18.conv3x3_512_512_7_s1_relu_res.nchw16c.dpbf16.f32"]
 
 
 @pytest.mark.parametrize("spec,applies", [(ZEN5, True), (SKYLAKE_X, False)],
@@ -251,8 +304,8 @@ def test_shipped_log_has_pair_records(spec, applies):
 
 def test_a_bf16_network_build_takes_the_pair_records():
     """ResNet-18 in bf16 for a Zen 5 (compiled, not run): its pair kernels are the registry's
-    pair workloads as a build sees them, so they take the shipped records; all but the last
-    conv, whose float32 output (and residual) feed the pool."""
+    pair workloads as a build sees them, so they take the shipped records, the last conv too
+    (its float32 output and residual, which feed the pool: the ``.f32`` twin)."""
     torch = pytest.importorskip("torch")
     from topi_bn.build import build_with_report
     from topi_bn.testing.models import resnet18
@@ -263,4 +316,4 @@ def test_a_bf16_network_build_takes_the_pair_records():
     _, report = build_with_report(mod, _target(ZEN5), dtype="bfloat16")
     untuned = [k for k in report.untuned if "dpbf16" in k]
     tuned = [k for k in report.tuned if "dpbf16" in k]
-    assert len(untuned) <= 1 and len(tuned) >= 14, (tuned, untuned)
+    assert not untuned and len(tuned) == 16, (tuned, untuned)
