@@ -1,17 +1,16 @@
 """Where a whole network's run goes, per topi-bn kernel and per thread, read with Linux ``perf``.
 
-Usage, on a Linux host with ``perf`` (``perf_event_paranoid`` <= 2 is enough for ``-a`` as
-root):
+Usage, on a Linux host with ``perf``, as root (or with CAP_PERFMON: it samples every CPU):
 
     python scripts/perf_kernels.py mobilenet_v2 --dtype bfloat16 --seconds 12
 
 builds the network (``topi_bn.testing.models``, batch 1, 224x224, ``bn="fused"``, shipped
 logs) for this CPU, exports it as a shared library, runs it in a loop in a child process and
-samples both that process's threads with ``perf record`` (2 kHz, all CPUs); then maps every
-sample inside the library to the kernel whose code it is in (``nm``) and prints, per kernel and
-per thread, the share of all samples and the CPU time it takes per network run, all threads
-together (the share times the run's wall time times the busy threads). Idle threads show as ``sched_yield`` in the
-kernel (TVM's pool spins by yielding).
+samples every CPU with ``perf record`` (2 kHz), keeping the threads that took more than 5% of
+the samples; then maps every sample inside the library to the kernel whose code it is in
+(``nm``) and prints, per kernel and per thread, the share of all samples and the CPU time it takes per network run, all threads
+together (the share times the run's wall time times the busy threads). Idle threads show as
+``sched_yield`` in the kernel (TVM's pool spins by yielding).
 
 Unlike the Relax VM's per-call instrumentation (a Python callback around every call, which
 inflated MobileNetV2's kernels by about 1.5x on the Zen 5 of ``docs/avx512.md``), sampling
