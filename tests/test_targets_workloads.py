@@ -146,3 +146,23 @@ def test_cli_refuses_to_run_code_this_cpu_cannot_execute(pretend_cpu, capsys, tm
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--target" in err and "cannot" in err and "Traceback" not in err
     assert not (tmp_path / "log").exists()
+
+
+def test_runnable_cuda_target_is_this_gpu(monkeypatch):
+    """``topi-bn tune --target cuda`` (``resolve(..., runnable=True)``) tunes for this GPU's arch,
+    as the benchmark does: on an H100 its records are sm_90's and go to ``cuda-sm_90`` (they
+    went to sm_80 before); a named other arch is refused. A GPU is faked: only the target logic
+    runs."""
+    import types
+
+    fake = types.SimpleNamespace(exist=True, compute_version="9.0", device_name="Fake H100")
+    monkeypatch.setattr(tvm, "cuda", lambda *_a: fake)
+    t = targets.resolve("cuda", "--target", runnable=True, gpu_limits=True).target
+    assert t.kind.name == "cuda" and str(t.attrs["arch"]) == "sm_90"
+    assert int(t.attrs["max_threads_per_block"]) == 1024  # the limits MetaSchedule reads stay
+    assert targets.tuning_log_key(t) == "cuda-sm_90"
+    assert str(targets.resolve("cuda-sm90", runnable=True).target.attrs["arch"]) == "sm_90"
+    with pytest.raises(ValueError, match="--target: sm_80 code does not run on this GPU"):
+        targets.resolve("cuda-sm80", "--target", runnable=True)
+    # building for a GPU elsewhere (not runnable) keeps the named arch
+    assert str(targets.resolve("cuda").target.attrs["arch"]) == "sm_80"

@@ -252,7 +252,8 @@ def resolve(target: Any, arg_name: str = "target", *, runnable: bool = False,
         The argument named in errors (``"--target"`` for the command line).
     runnable : bool
         The code will run on this machine: refuse a target it cannot run
-        (:func:`check_host_can_run`; ``topi-bn tune`` measuring here, ``--verify``).
+        (:func:`check_host_can_run`; ``topi-bn tune`` measuring here, ``--verify``); a CUDA
+        target becomes this GPU's, as with ``threads``.
     threads : int, optional
         The code will run on this machine with this many threads (the benchmarks): a CPU
         target gets ``num-cores = threads``; ``"cuda"`` means this machine's GPU (its compute
@@ -274,10 +275,13 @@ def resolve(target: Any, arg_name: str = "target", *, runnable: bool = False,
     t = resolve_target(target, arg_name)
     if gpu_limits:
         t = with_gpu_limits(t)
+    generic_cuda = isinstance(target, str) and target == "cuda"
     if threads is not None:
-        t = _for_this_machine(t, isinstance(target, str) and target == "cuda", threads, arg_name)
+        t = _for_this_machine(t, generic_cuda, threads, arg_name)
     elif runnable:
         check_host_can_run(t, arg_name)
+        if _family(t) == "cuda":
+            t = _this_gpu(t, generic_cuda, arg_name)
     return ResolvedTarget.of(t)
 
 
@@ -288,15 +292,7 @@ def _for_this_machine(t: Target, generic_cuda: bool, threads: int, arg_name: str
         if t.kind.name != "cuda":
             raise ValueError(f"{arg_name}: the GPU benchmark runs CUDA; got kind {t.kind.name!r}")
         check_host_can_run(t, arg_name)
-        major, minor = tvm.cuda(0).compute_version.split(".")
-        arch = f"sm_{major}{minor}"
-        if not generic_cuda and str(t.attrs.get("arch", arch)) != arch:
-            raise ValueError(f"{arg_name}: {t.attrs.get('arch')} code does not run on this GPU "
-                             f"({arch}); use 'cuda' (this GPU's arch)")
-        cfg = {k: v for k, v in dict(t.export()).items()
-               if k not in ("keys", "tag", "features", "host") and v not in (None, "")}
-        cfg["arch"] = arch
-        return Target(cfg, host={"kind": "llvm"})
+        return _this_gpu(t, generic_cuda, arg_name)
     if t.kind.name != "llvm":
         raise ValueError(f"{arg_name}: benchmarks run on this machine's CPU (an llvm target) or "
                          f"its NVIDIA GPU ('cuda'); got kind {t.kind.name!r}")
@@ -306,6 +302,21 @@ def _for_this_machine(t: Target, generic_cuda: bool, threads: int, arg_name: str
     for k in ("keys", "tag", "features"):
         cfg.pop(k, None)
     return Target({k: v for k, v in cfg.items() if v not in (None, "")})
+
+
+def _this_gpu(t: Target, generic_cuda: bool, arg_name: str) -> Target:
+    """CUDA target ``t`` for this machine's GPU: its compute capability as ``arch`` (``"cuda"``
+    names no arch of its own: a tuning record or benchmark of sm_80 code on an sm_90 card would
+    describe code no build for that card runs); a named other ``arch`` is refused."""
+    major, minor = tvm.cuda(0).compute_version.split(".")
+    arch = f"sm_{major}{minor}"
+    if not generic_cuda and str(t.attrs.get("arch", arch)) != arch:
+        raise ValueError(f"{arg_name}: {t.attrs.get('arch')} code does not run on this GPU "
+                         f"({arch}); use 'cuda' (this GPU's arch)")
+    cfg = {k: v for k, v in dict(t.export()).items()
+           if k not in ("keys", "tag", "features", "host") and v not in (None, "")}
+    cfg["arch"] = arch
+    return Target(cfg, host={"kind": "llvm"})
 
 
 def vector_bits(target: Any) -> int:
