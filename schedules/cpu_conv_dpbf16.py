@@ -53,12 +53,17 @@ __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf
            "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
            "intrinsic_runs_on", "INTRIN_PREFIX",
            "native_dpbf16", "default_tile", "default_blocks", "rows_outer",
-           "MAX_TILE", "LANES", "LANE_WIDTHS"]
+           "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK"]
 
 #: output channels per register (the float32 lanes of a zmm); 8-channel output blocks use ymm
 LANES = 16
 #: output-block widths the kernel takes: 16 channels (zmm) or 8 (ymm, the 256-bit form)
 LANE_WIDTHS = (8, LANES)
+#: smallest input block the kernel takes: two pairs (an odd block gets a zero channel). With
+#: one pair the schedule's pair loop is a unit loop that the intrinsic's description does not
+#: match (tensorize fails: RegNetY's squeeze-excitation convs, 26 -> 104 channels in blocks of
+#: 2, on a 1x1 map); such convs run the portable bf16 kernel
+MIN_IN_BLOCK = 3
 #: most output positions of the default register tile, as the float32 blocked conv's 14: that
 #: many independent accumulators cover vdpbf16ps's latency (6 cycles in LLVM 19's Zen 4/5
 #: model, 8 in its Sapphire Rapids one) even at two per cycle, and 14 divides the common widths

@@ -17,7 +17,12 @@
 #   device run, carry [".gpu/p1"]:  bash .gpu/p1/put.sh
 #   device run, carry [".gpu/p2"]:  bash .gpu/p2/gpu_check.sh      (at once: warm ~30 s)
 # Timings seen on an H200 (2026-11-26): machine start + piece 1 ~30 s, install 8-12 s, full run
-# 91-107 s, non-slow run ~30 s, bench 8 workloads x 3 dtypes 1.9 min (x 2 dtypes 85 s). E.g.
+# 91-107 s, non-slow run ~30 s, bench 8 workloads x 3 dtypes 1.9 min (x 2 dtypes 85 s). On an
+# H100 (2026-11-27, 15 minutes of device time): start + piece 1 33 s, install 15 s, full runs
+# 107-125 s, the same bench 1.6 min to its results (its process then did not exit within the
+# step's 110 s limit: give BENCH_S room and read bench/results.*), racecheck of 4 norm workloads
+# 15 s, `topi-bn tune --target cuda` about 50 s a workload at 6-8 trials before its verification
+# (tune in a call of its own, a few workloads at a time). E.g.
 #   RUNS="full:220" BENCH_DTYPES="float32 float16 bfloat16" BENCH_S=190 bash .gpu/p2/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # the installed package, not the source tree

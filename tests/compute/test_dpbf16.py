@@ -353,6 +353,50 @@ def test_build_uses_vdpbf16ps_only_with_avx512bf16(target, uses):
     assert [lp for lp in dp_loops if not lp.spills and not lp.vector_stores]
 
 
+class _SqueezeExcite(torch.nn.Module):
+    """RegNetY's squeeze-excitation shape: 26 channels (blocks of 2, one input-channel pair)
+    on a pooled 1x1 map, then 26 -> 104 (blocks of 8)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv = nn.Sequential(nn.Conv2d(3, 104, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(104), nn.ReLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(104, 26, 1), nn.ReLU(),
+                                nn.Conv2d(26, 104, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y * self.se(y)
+
+
+def test_one_pair_input_blocks_take_the_portable_kernel():
+    """A conv whose input blocks hold one channel pair (1 or 2 channels) is not given to the
+    pair kernel, whose tensorization needs two (RegNetY-400MF's bf16 build for an AVX512_BF16
+    CPU failed with TVM's ScheduleError in ``tensorize``); it builds for Zen 4, compiled only,
+    and its registry twin is refused alike."""
+    from topi_bn.relax.blocked import dpbf16_applies
+    from topi_bn.testing.models import randomize_bn
+
+    zen4 = _target("znver4")
+    assert [dpbf16_applies(zen4, BF16, 1, cb, 8) for cb in (1, 2, 3, 4, 16)] == \
+        [False, False, True, True, True]
+    torch.manual_seed(0)
+    net = randomize_bn(_SqueezeExcite(), 0).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = topi_bn.from_exported_program(
+            torch.export.export(net, (torch.randn(1, 3, 8, 8),)), keep_buffer_updates=False)
+    asm = _asm(topi_bn.build(mod, zen4, dtype=BF16, tuning_logs=None))
+    assert "vdpbf16ps" in asm  # the 3 -> 104 conv and the 104 -> 26 one still use it
+    def twin(cb):
+        return topi_bn.workloads.pair_twin(topi_bn.workloads.Workload(
+            f"test.conv1x1_{cb}", "conv2d_bn_act_nchwc",
+            {"data": (1, 26 // cb, 1, 1, cb), "weight": (13, 26 // cb, 1, 1, cb, 8)}, {}, ()))
+
+    assert twin(2) is None and twin(13) is not None
+
+
 def _asm(ex) -> str:
     """The assembly of a Relax build: the kernels are in the executable's imported LLVM
     module."""

@@ -337,13 +337,14 @@ def winograd_tile(data_shape, weight_shape, dtype: str, strides: Any = 1, paddin
 def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: int) -> bool:
     """Whether a blocked conv with these properties runs the ``vdpbf16ps`` kernel
     (:data:`DPBF16_COMPUTES`): bf16, groups 1, output blocks of 16 channels (zmm) or 8 (ymm;
-    e.g. MobileNetV2's 24-channel layers), any input block (an odd one, a 3-channel image,
-    gets a zero channel per pair), and ``target`` (read from the target, never the host) has
-    AVX512_BF16."""
-    from topi_bn.schedules.cpu_conv_dpbf16 import LANE_WIDTHS, native_dpbf16
+    e.g. MobileNetV2's 24-channel layers), input blocks of at least 3 channels (an odd one, a
+    3-channel image, gets a zero channel per pair; blocks of 1 or 2 channels, one pair, run the
+    portable kernel: :data:`~topi_bn.schedules.cpu_conv_dpbf16.MIN_IN_BLOCK`), and ``target``
+    (read from the target, never the host) has AVX512_BF16."""
+    from topi_bn.schedules.cpu_conv_dpbf16 import LANE_WIDTHS, MIN_IN_BLOCK, native_dpbf16
 
     return dtype == "bfloat16" and int(groups) == 1 and out_block in LANE_WIDTHS \
-        and native_dpbf16(resolve_target(target))
+        and in_block >= MIN_IN_BLOCK and native_dpbf16(resolve_target(target))
 
 
 def winograd_tiles(data_shape, tile: int) -> int:
