@@ -318,6 +318,18 @@ class _Small(torch.nn.Module):
         return self.body(x)
 
 
+def _imported(module, side: int):
+    """``module`` (BN statistics randomized) on a 3 x side x side image through torch.export."""
+    from topi_bn.testing.models import randomize_bn
+
+    torch.manual_seed(0)
+    net = randomize_bn(module, 0).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return topi_bn.from_exported_program(
+            torch.export.export(net, (torch.randn(1, 3, side, side),)), keep_buffer_updates=False)
+
+
 @pytest.mark.parametrize("target,uses", [
     ("sapphirerapids", True), ("znver4", True),
     ("x86-avx512", False), ("icelake-server", False), ("x86-avx2", False),
@@ -327,14 +339,8 @@ def test_build_uses_vdpbf16ps_only_with_avx512bf16(target, uses):
     every conv's reduction loop is vdpbf16ps on zmm accumulators; AVX-512 without BF16
     (Skylake-X, Ice Lake) and AVX2 have no vdpbf16ps anywhere (the portable kernel)."""
     from topi_bn.testing.asm import loops
-    from topi_bn.testing.models import randomize_bn
 
-    torch.manual_seed(0)
-    net = randomize_bn(_Small(), 0).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = topi_bn.from_exported_program(
-            torch.export.export(net, (torch.randn(1, 3, 28, 28),)), keep_buffer_updates=False)
+    mod = _imported(_Small(), 28)
     tgt = topi_bn.resolve_target(target) if target.startswith("x86") else _target(target)
     asm = _asm(topi_bn.build(mod, tgt, dtype=BF16, tuning_logs=None))
     assert asm.count("topi_bn_conv2d_") >= 3  # the kernels' code is in what is read
@@ -376,18 +382,12 @@ def test_one_pair_input_blocks_take_the_portable_kernel():
     CPU failed with TVM's ScheduleError in ``tensorize``); it builds for Zen 4, compiled only,
     and its registry twin is refused alike."""
     from topi_bn.relax.blocked import dpbf16_applies
-    from topi_bn.testing.models import randomize_bn
 
     zen4 = _target("znver4")
     assert [dpbf16_applies(zen4, BF16, 1, cb, 8) for cb in (1, 2, 3, 4, 16)] == \
         [False, False, True, True, True]
-    torch.manual_seed(0)
-    net = randomize_bn(_SqueezeExcite(), 0).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = topi_bn.from_exported_program(
-            torch.export.export(net, (torch.randn(1, 3, 8, 8),)), keep_buffer_updates=False)
-    asm = _asm(topi_bn.build(mod, zen4, dtype=BF16, tuning_logs=None))
+    asm = _asm(topi_bn.build(_imported(_SqueezeExcite(), 8), zen4, dtype=BF16,
+                             tuning_logs=None))
     assert "vdpbf16ps" in asm  # the 3 -> 104 conv and the 104 -> 26 one still use it
     def twin(cb):
         return topi_bn.workloads.pair_twin(topi_bn.workloads.Workload(
