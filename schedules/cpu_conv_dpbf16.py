@@ -53,7 +53,7 @@ __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf
            "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
            "intrinsic_runs_on", "INTRIN_PREFIX",
            "native_dpbf16", "default_tile", "default_blocks", "rows_outer",
-           "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK"]
+           "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK", "takes_conv"]
 
 #: output channels per register (the float32 lanes of a zmm); 8-channel output blocks use ymm
 LANES = 16
@@ -69,6 +69,14 @@ MIN_IN_BLOCK = 3
 #: model, 8 in its Sapphire Rapids one) even at two per cycle, and 14 divides the common widths
 #: 7, 14, 28, 56; tuning may try up to ``CpuParams.accumulators`` (28 with 32 zmm registers)
 MAX_TILE = 14
+
+
+def takes_conv(groups: int, in_block: int, out_block: int) -> bool:
+    """Whether the pair kernel computes a blocked conv of these ``groups`` and channel blocks:
+    groups 1, output blocks of :data:`LANE_WIDTHS`, input blocks of at least
+    :data:`MIN_IN_BLOCK` (the graph pass's and the registry's one rule; whether a target runs
+    it is :func:`native_dpbf16`)."""
+    return int(groups) == 1 and out_block in LANE_WIDTHS and in_block >= MIN_IN_BLOCK
 
 
 def native_dpbf16(target: Target) -> bool:

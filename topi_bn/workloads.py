@@ -49,7 +49,7 @@ from . import compute, reference
 from .checks import conv_geometry, conv_geometry_nchwc
 from .layouts import ChannelBlocking, pack_winograd_weight
 from .relax.blocked import DPBF16_COMPUTES, winograd_tile, winograd_tiles
-from .schedules.cpu_conv_dpbf16 import LANE_WIDTHS, MIN_IN_BLOCK
+from .schedules.cpu_conv_dpbf16 import takes_conv
 from .schedules.cpu_conv_winograd import winograd_tile_block
 from .targets import resolve_target
 
@@ -411,18 +411,18 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
 
 def pair_twin(direct: Workload, out_dtype: str = "bfloat16") -> Workload | None:
     """The ``vdpbf16ps`` pair kernel a bf16 build on an AVX512_BF16 CPU runs for blocked conv
-    ``direct`` (:func:`topi_bn.relax.blocked.dpbf16_applies`: groups 1, output blocks of 8 or
-    16 channels, input blocks of at least 3), or None: the weight packed in input-channel pairs
+    ``direct`` (:func:`~topi_bn.schedules.cpu_conv_dpbf16.takes_conv`: groups 1, output blocks
+    of 8 or 16 channels, input blocks of at least 3), or None: the weight packed in input-channel pairs
     (:func:`~topi_bn.layouts.pack_weight_pairs`). ``out_dtype="float32"``: the twin of a conv
     whose output the build keeps in float32 (a network's last conv, feeding the pooling;
     named ``...dpbf16.f32``), its residual float32 too."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"out_dtype: expected 'bfloat16' or 'float32', got {out_dtype!r}")
-    if direct.op not in BLOCKED_OPS or direct.params.get("groups", 1) != 1 or \
-            direct.shapes["weight"][-1] not in LANE_WIDTHS \
-            or direct.shapes["weight"][-2] < MIN_IN_BLOCK:
+    if direct.op not in BLOCKED_OPS:
         return None
     ko, co, kh, kw, cb, kb = direct.shapes["weight"]
+    if not takes_conv(direct.params.get("groups", 1), cb, kb):
+        return None
     shapes = dict(direct.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
     params = {k: v for k, v in direct.params.items() if k != "groups"}
     if out_dtype == "float32":

@@ -341,10 +341,10 @@ def dpbf16_applies(target, dtype: str, groups: int, in_block: int, out_block: in
     3-channel image, gets a zero channel per pair; blocks of 1 or 2 channels, one pair, run the
     portable kernel: :data:`~topi_bn.schedules.cpu_conv_dpbf16.MIN_IN_BLOCK`), and ``target``
     (read from the target, never the host) has AVX512_BF16."""
-    from topi_bn.schedules.cpu_conv_dpbf16 import LANE_WIDTHS, MIN_IN_BLOCK, native_dpbf16
+    from topi_bn.schedules.cpu_conv_dpbf16 import native_dpbf16, takes_conv
 
-    return dtype == "bfloat16" and int(groups) == 1 and out_block in LANE_WIDTHS \
-        and in_block >= MIN_IN_BLOCK and native_dpbf16(resolve_target(target))
+    return dtype == "bfloat16" and takes_conv(groups, in_block, out_block) \
+        and native_dpbf16(resolve_target(target))
 
 
 def winograd_tiles(data_shape, tile: int) -> int:
