@@ -43,7 +43,11 @@ ones.
 is about reading it as a stream: the reduction over K is split into one contiguous chunk of rows
 per core (``rfactor``); each core runs over its rows in order, all N outputs vectorized, adding
 into a partial sum of N values that stays in L1, and a last short pass adds the cores'
-partial sums, the bias and the activation. Measured on Zen 3 (2 threads, weight not in cache):
+partial sums, the bias and the activation. The rows are taken :data:`ROWS_PER_PASS` at a time
+(unrolled under each vector of N), so that a partial-sum vector is loaded and stored once per
+8 rows rather than once per row (Zen 5, 2 threads, in turns, weight in L3 / flushed:
+1280x1000 float32 42.8 -> 34.2 / 110 -> 86 us, bfloat16 39.6 -> 24.7 / 77 -> 65 us; 2048x1000
+float32 68 -> 49 us, bfloat16 62 -> 42 us warm; 4 and 16 rows no better). Measured on Zen 3 (2 threads, weight not in cache):
 1280x1000 0.256 -> 0.157 ms, 2048x1000 0.408 -> 0.249 ms (33 GB/s, the copy bandwidth) against
 the former tiles over N, whose accumulators stayed in registers but read the weight in strided
 row segments (20 GB/s). When K is not a multiple of the cores the former schedule is kept.
@@ -229,22 +233,31 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     return True
 
 
+#: Rows of the weight (K) each pass over the partial sum adds (module docstring).
+ROWS_PER_PASS = 8
+
+
 def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, width: int) -> None:
     """K split into one chunk of rows per core, each streamed into a partial sum over all N in
-    vectors of ``width`` (1: a serial loop); then the partial sums added with the epilogue
-    (not scheduled)."""
+    vectors of ``width`` (1: a serial loop), :data:`ROWS_PER_PASS` rows per pass where they
+    divide the chunk; then the partial sums added with the epilogue (not scheduled)."""
     _, _, k = sch.get_loops(b)
     ko, _ = sch.split(k, [cores, None])
     rf = sch.rfactor(ko, 0)
     m, n, ko, ki = sch.get_loops(rf)
     if width > 1:
         no, ni = sch.split(n, [None, width])
-        sch.reorder(ko, m, ki, no, ni)
+        rows = ROWS_PER_PASS if int(sch.get(ki).extent) % ROWS_PER_PASS == 0 else 1
+        kio, kii = sch.split(ki, [None, rows])
+        sch.reorder(ko, m, kio, no, kii, ni)
+        sch.unroll(kii)
         sch.vectorize(ni)
+        first = kio
     else:
         sch.reorder(ko, m, ki, n)
+        first = ki
     sch.parallel(ko)
-    sch.decompose_reduction(rf, ki)
+    sch.decompose_reduction(rf, first)
     # the cores' partial sums, the bias and the activation: N * (cores + 1) scalar adds, left
     # serial (about a microsecond for a 1000-class classifier)
 

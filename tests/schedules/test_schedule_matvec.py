@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import te
 
-from topi_bn.schedules.cpu_dense import matvec_block, schedule_matvec
+from topi_bn.schedules.cpu_dense import ROWS_PER_PASS, matvec_block, schedule_matvec
 from topi_bn.schedules.helpers import vector_width
 from topi_bn.targets import resolve_target
 from topi_bn.testing import TOLERANCES
@@ -38,7 +38,7 @@ def _schedule(func):
 
 @pytest.mark.parametrize("m, k, n, relu", [(1, 64, 1000, False), (1, 96, 40, True),
                                            (2, 32, 20, False), (1, 95, 20, False),
-                                           (1, 128, 10, True)])
+                                           (1, 128, 10, True), (1, 44, 40, False)])
 def test_scheduled_classifier_matches_float64(m, k, n, relu):
     """Rows of the weight split over the cores (K a multiple of them: a partial-sum block,
     ``rfactor``), else tiles over N; both against float64."""
@@ -55,6 +55,11 @@ def test_scheduled_classifier_matches_float64(m, k, n, relu):
     assert ("T.vectorized" in script) == (vector_width(n, lanes) >= 4)
     cores = cpu_params(resolve_target(TARGET)).cores
     assert ("_rf" in script) == (cores > 1 and k % cores == 0)
+    # the partial sum adds ROWS_PER_PASS rows per pass where they divide a core's rows (k = 44
+    # on 2 cores: 22 rows, one per pass)
+    chunked = ("_rf" in script and vector_width(n, lanes) >= 4
+               and (k // cores) % ROWS_PER_PASS == 0)
+    assert (f"T.unroll({ROWS_PER_PASS})" in script) == chunked
     lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n), (n,)))
