@@ -43,14 +43,15 @@ ones.
 is about reading it as a stream: the reduction over K is split into one contiguous chunk of rows
 per core (``rfactor``); each core runs over its rows in order, all N outputs vectorized, adding
 into a partial sum of N values that stays in L1, and a last short pass adds the cores'
-partial sums, the bias and the activation. The rows are taken :data:`ROWS_PER_PASS` at a time
-(unrolled under each vector of N), so that a partial-sum vector is loaded and stored once per
-8 rows rather than once per row (Zen 5, 2 threads, in turns, weight in L3 / flushed:
-1280x1000 float32 42.8 -> 34.2 / 110 -> 86 us, bfloat16 39.6 -> 24.7 / 77 -> 65 us; 2048x1000
-float32 68 -> 49 us, bfloat16 62 -> 42 us warm; 4 and 16 rows no better). Measured on Zen 3 (2 threads, weight not in cache):
+partial sums, the bias and the activation. Measured on Zen 3 (2 threads, weight not in cache):
 1280x1000 0.256 -> 0.157 ms, 2048x1000 0.408 -> 0.249 ms (33 GB/s, the copy bandwidth) against
 the former tiles over N, whose accumulators stayed in registers but read the weight in strided
 row segments (20 GB/s). When K is not a multiple of the cores the former schedule is kept.
+The rows are taken :data:`ROWS_PER_PASS` at a time (unrolled under each vector of N), so that
+a partial-sum vector is loaded and stored once per 8 rows rather than once per row (Zen 5, 2
+threads, in turns, weight in L3 / flushed: 1280x1000 float32 42.8 -> 34.2 / 110 -> 86 us,
+bfloat16 39.6 -> 24.7 / 77 -> 65 us; 2048x1000 float32 68 -> 49 us, bfloat16 62 -> 42 us warm;
+4 and 16 rows no better).
 
 The vectors over N have the target's lanes when they divide N, else the largest power of two
 that does (:func:`vector_width`): 1000 classes on AVX-512 run in vectors of 8 (the weight comes
