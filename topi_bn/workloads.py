@@ -412,8 +412,8 @@ def _winograd_twin(base: Workload, direct: Workload) -> Workload | None:
 def pair_twin(direct: Workload, out_dtype: str = "bfloat16") -> Workload | None:
     """The ``vdpbf16ps`` pair kernel a bf16 build on an AVX512_BF16 CPU runs for blocked conv
     ``direct`` (:func:`~topi_bn.schedules.cpu_conv_dpbf16.takes_conv`: groups 1, output blocks
-    of 8 or 16 channels, input blocks of at least 3), or None: the weight packed in input-channel pairs
-    (:func:`~topi_bn.layouts.pack_weight_pairs`). ``out_dtype="float32"``: the twin of a conv
+    of 8 or 16 channels, input blocks of at least 3), or None: the weight packed in input-channel
+    pairs (:func:`~topi_bn.layouts.pack_weight_pairs`). ``out_dtype="float32"``: the twin of a conv
     whose output the build keeps in float32 (a network's last conv, feeding the pooling;
     named ``...dpbf16.f32``), its residual float32 too."""
     if out_dtype not in ("bfloat16", "float32"):
