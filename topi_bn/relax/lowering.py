@@ -25,6 +25,7 @@ from ..compute.fast_math import LEGALIZE as FAST_MATH_OPS
 from ..targets import resolve_target, target_family
 from .blocked import BlockedLayout
 from .packing import MarkConstantParams, PackConstantWeights
+from .padded import PaddedOutputs
 from .registration import ACTIVATION_OPS, MODE_ATTR, StripKernelDescriptions, legalize_options
 
 __all__ = ["LAYOUTS", "BLOCKED_MODES", "ApplyDefaultSchedules", "ScheduleCpuGraphOps",
@@ -233,7 +234,8 @@ def pipeline(target: Any, database=None, layout: str = "auto",
             ours.append(relax.transform.MetaScheduleApplyDatabase())
         ours.append(ApplyDefaultSchedules(target))
         if ours_too and target_family(target) in ("x86", "arm"):
-            ours += [MarkConstantParams(), ScheduleCpuGraphOps(target), PackConstantWeights()]
+            ours += [MarkConstantParams(), ScheduleCpuGraphOps(target), PackConstantWeights(),
+                     PaddedOutputs()]
         ours.append(NarrowKernelIndices())
         legalize[at:at] = ours
         return (first + list(rp.library_dispatch_passes(target)) + legalize
