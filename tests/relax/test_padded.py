@@ -95,6 +95,20 @@ def test_pad_output_leaves_an_output_reached_by_pointer():
     assert pad_output(by_pointer, 1, 1, (1, 1, 4, 4, 8)) is None
 
 
+def test_symbolic_shapes_are_left_alone():
+    @T.prim_func(s_tir=True)
+    def dynamic(a: T.handle, o: T.handle):
+        n = T.int64()
+        x = T.match_buffer(a, (n, 1, 4, 4, 8), "float32")
+        out = T.match_buffer(o, (n, 1, 4, 4, 8), "float32")
+        for i, c, h, w, b in T.grid(n, 1, 4, 4, 8):
+            with T.sblock("copy"):
+                vi, vc, vh, vw, vb = T.axis.remap("SSSSS", [i, c, h, w, b])
+                out[vi, vc, vh, vw, vb] = x[vi, vc, vh, vw, vb]
+
+    assert pad_output(dynamic, 1, 1, (1, 1, 6, 6, 8)) is None
+
+
 def test_a_pad_that_adds_channels_is_not_taken():
     """The bf16 stem's pad adds a zero channel to an odd block: its input is not the padded
     buffer less a border."""

@@ -44,7 +44,10 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 PAD_BLOCK = "pad"
 
 
-def _ints(exprs) -> tuple[int, ...]:
+def _ints(exprs) -> tuple[int, ...] | None:
+    """The static shape ``exprs``, or None where a dimension is symbolic."""
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in exprs):
+        return None
     return tuple(int(e) for e in exprs)
 
 
@@ -113,7 +116,8 @@ def input_padding(func: tvm.tirx.PrimFunc):
     if rule is None or not str(rule).startswith("topi_bn.") or len(pad.writes) != 1:
         return None
     out = pad.writes[0].source
-    if str(out.dtype) != str(data.dtype) or len(data.shape) != 5 \
+    if getattr(data, "shape", None) is None or str(out.dtype) != str(data.dtype) \
+            or len(data.shape) != 5 \
             or not isinstance(pad.body, tvm.tirx.BufferStore):
         return None
     value = pad.body.value
@@ -134,6 +138,8 @@ def input_padding(func: tvm.tirx.PrimFunc):
             return None
         offsets.append(int(off))
     shape, inner = _ints(out.shape), _ints(data.shape)
+    if shape is None or inner is None:
+        return None
     if offsets[0] or offsets[1] or offsets[4] or min(offsets) < 0 \
             or [shape[d] for d in (0, 1, 4)] != [inner[d] for d in (0, 1, 4)] \
             or any(shape[d] < offsets[d] + inner[d] for d in (2, 3)):
@@ -233,10 +239,11 @@ def pad_output(func: tvm.tirx.PrimFunc, top: int, left: int, shape) -> tvm.tirx.
     ``(y + top, x + left)``, zeros around it. None where the output is reached other than by
     buffer loads, stores and block regions (a pointer into it, or the buffer passed on, would
     not move)."""
-    out = func.params[-1]
-    if len(out.shape) != 5 or len(shape) != 5:
+    out = func.params[-1] if func.params else None
+    inner = _ints(getattr(out, "shape", None) or ())
+    if inner is None or len(inner) != 5 or len(shape) != 5:
         return None
-    _, _, rows, cols, _ = _ints(out.shape)
+    _, _, rows, cols, _ = inner
     padded = _new_buffer(out, shape)
     moved = [0]
 
