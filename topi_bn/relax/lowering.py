@@ -5,7 +5,8 @@ blocked channel layout (:class:`~topi_bn.relax.blocked.BlockedLayout`), legaliza
 the topi-bn registration, then after FuseTIR the tuning records, the default schedules
 (:class:`ApplyDefaultSchedules`), the CPU schedules of TVM's own graph ops
 (:class:`ScheduleCpuGraphOps`, with the constant weights of matrix products packed as their
-schedule reads them: :mod:`topi_bn.relax.packing`) and int32 indices
+schedule reads them: :mod:`topi_bn.relax.packing`), the padded inputs of convs written by the
+kernel before them (:mod:`topi_bn.relax.padded`) and int32 indices
 (:class:`NarrowKernelIndices`);
 :func:`lower` compiles a module with it. What the ``bn=`` modes do to a module before it is
 lowered is in :mod:`topi_bn.relax.modes`.
@@ -200,9 +201,9 @@ def pipeline(target: Any, database=None, layout: str = "auto",
       per element);
     - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
       the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedules of
-      matrix products, pools and elementwise functions (:class:`ScheduleCpuGraphOps`), then
-      (GPU) dlight for the
-      rest.
+      matrix products, pools and elementwise functions (:class:`ScheduleCpuGraphOps`) and
+      the padded input of a conv written by the kernel before it
+      (:class:`~topi_bn.relax.padded.PaddedOutputs`), then (GPU) dlight for the rest.
     """
     target = resolve_target(target)
     check_layout(layout, target)
