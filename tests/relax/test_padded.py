@@ -113,7 +113,8 @@ def test_a_pad_that_adds_channels_is_not_taken():
     """The bf16 stem's pad adds a zero channel to an odd block: its input is not the padded
     buffer less a border."""
     @T.prim_func(s_tir=True)
-    def widen(data: T.Buffer((1, 1, 4, 4, 3), "float32"), out: T.Buffer((1, 1, 6, 6, 4), "float32")):
+    def widen(data: T.Buffer((1, 1, 4, 4, 3), "float32"),
+              out: T.Buffer((1, 1, 6, 6, 4), "float32")):
         pad = T.sblock_alloc_buffer((1, 1, 6, 6, 4))
         for n, c, y, x, ci in T.grid(1, 1, 6, 6, 4):
             with T.sblock("pad"):
@@ -144,8 +145,10 @@ class _Net(torch.nn.Module):
                     nn.BatchNorm2d(cout)] + ([nn.ReLU6()] if act else [])
 
         self.stem = nn.Sequential(*cbr(3, 16, 3, 2))
-        self.body = nn.Sequential(*cbr(16, 32, 1), *cbr(32, 32, 3, 1, 32), *cbr(32, 16, 1, act=False))
-        self.down = nn.Sequential(*cbr(16, 48, 1), *cbr(48, 48, 3, 2, 48), *cbr(48, 24, 1, act=False))
+        self.body = nn.Sequential(*cbr(16, 32, 1), *cbr(32, 32, 3, 1, 32),
+                                  *cbr(32, 16, 1, act=False))
+        self.down = nn.Sequential(*cbr(16, 48, 1), *cbr(48, 48, 3, 2, 48),
+                                  *cbr(48, 24, 1, act=False))
 
     def forward(self, x):
         y = self.stem(x)

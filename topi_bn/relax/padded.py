@@ -1,10 +1,11 @@
 """The kernel before a conv writes the conv's input with the zero border the conv reads.
 
-A blocked conv (``topi_bn.conv2d_nchwc`` and the depthwise, bf16 and Winograd kernels) pads
+A blocked conv (``topi_bn.conv2d_nchwc``, its depthwise form and the bf16 pair kernel) pads
 its input in a ``pad`` block: the depthwise conv inside each task, into rows of its own, the
-others in a parallel pass before the conv (``schedules/cpu_conv_nchwc.py``). On a Zen 5 the
-depthwise conv's copy is a third of its time (``docs/avx512.md``: 144 channels at 56x56,
-float32, 33 us with it, 23 us reading an input that already has its border). Where the conv's
+others in a parallel pass before the conv (``schedules/cpu_conv_nchwc.py``; the Winograd
+kernels' schedule inlines their padding into the input transform, so they keep it). On a
+Zen 5 the depthwise conv's copy is a third of its time (``docs/avx512.md``: 144 channels at
+56x56, float32, 33 us with it, 23 us reading an input that already has its border). Where the conv's
 input is the output of the kernel before it and nothing else reads it (MobileNetV2's 1x1 expand
 convs before their depthwise convs, a stem after the image's layout transform, ResNet's
 stride-2 3x3 convs after a 1x1 conv), that kernel can write it where the pad block would have
@@ -40,7 +41,7 @@ __all__ = ["PaddedOutputs", "input_padding", "pad_output", "read_padded"]
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: The block of the blocked convs that builds their padded input (``compute/conv2d_nchwc.py``,
-#: ``conv2d_dpbf16_nchwc.py``, ``conv2d_winograd_nchwc.py``).
+#: ``conv2d_dpbf16_nchwc.py``).
 PAD_BLOCK = "pad"
 
 
@@ -364,8 +365,9 @@ def _pairs(mod: tvm.IRModule, func: relax.Function) -> dict:
     for value in seen.bound.values():
         if not _is_call_tir(value) or not value.args[1].fields:
             continue
-        src = seen.bound.get(value.args[1].fields[0])
-        if src is None or not _is_call_tir(src) or seen.reads.get(value.args[1].fields[0]) != 1 \
+        data = value.args[1].fields[0]
+        src = seen.bound.get(data)
+        if src is None or not _is_call_tir(src) or seen.reads.get(data) != 1 \
                 or len(src.ty_args) != 1 or not isinstance(src.ty_args[0], relax.TensorType):
             continue
         conv, producer = mod[value.args[0]], mod[src.args[0]]
