@@ -51,7 +51,7 @@ from .helpers import cpu_params, divisors
 
 __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf16",
            "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
-           "intrinsic_runs_on", "INTRIN_PREFIX",
+           "intrinsic_runs_on", "pair_intrinsic", "INTRIN_PREFIX",
            "native_dpbf16", "default_tile", "default_blocks", "rows_outer",
            "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK", "takes_conv"]
 
@@ -195,7 +195,7 @@ def register_intrinsics_named_in(text: str) -> list[str]:
     for m in _INTRIN_NAME.finditer(text):
         blocks, tile, lanes, stride, cb = (int(g) for g in m.groups()[:5])
         if lanes in LANE_WIDTHS:
-            _register(tile, stride, cb, m.group(6) == "native", blocks, lanes)
+            pair_intrinsic(tile, stride, cb, m.group(6) == "native", blocks, lanes)
             names.append(m.group(0))
     return names
 
@@ -206,14 +206,16 @@ def intrinsic_runs_on(name: str, target: Target) -> bool:
     return not name.endswith("_native") or native_dpbf16(target)
 
 
-def _register(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
-              lanes: int = LANES) -> str:
-    """The tensor intrinsic of one micro-kernel call: ``C[b, t, k] += f32(X[t * stride, 2p +
-    r]) * f32(W[b, p, k, r])`` over ``b < blocks, t < tile, k < lanes, p < cb / 2, r < 2``.
-    Its buffers are the regions a call covers, unit dimensions included where a dimension of
-    extent ``blocks`` precedes them (the weight's 7-D block and the output's block axis). One
-    description per loop structure: a loop of extent 1 in the description does not match the
-    schedule's unit loop (tensorize: "The stmt For doesn't match the tensor intrin")."""
+def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
+                   lanes: int = LANES) -> str:
+    """The name of the tensor intrinsic (registered on first use) of one micro-kernel call:
+    ``C[b, t, k] += f32(X[t * stride, 2p + r]) * f32(W[b, p, k, r])`` over ``b < blocks, t <
+    tile, k < lanes, p < cb / 2, r < 2``. Its buffers are the regions a call covers, unit
+    dimensions included where a dimension of extent ``blocks`` precedes them (the weight's 7-D
+    block and the output's block axis). One description per loop structure: a loop of extent 1
+    in the description does not match the schedule's unit loop (tensorize: "The stmt For
+    doesn't match the tensor intrin"). The Winograd conv's pair products
+    (:mod:`.cpu_conv_winograd`) call the one-block form."""
     name = intrin_name(tile, stride, cb, native, blocks, lanes)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
@@ -444,7 +446,7 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     # one block: the intrinsic starts at the positions (a one-position tile has no loop over
     # positions left to tensorize at: at the lanes)
     at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
-    sch.tensorize(at, _register(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
+    sch.tensorize(at, pair_intrinsic(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
     if x_buf is not None:
         pn, pc, py, px, pci = sch.get_loops(x_buf)
         sch.parallel(sch.fuse(pn, pc, py))

@@ -15,6 +15,18 @@ Three parallel passes, each over data that stays in the caches a thread works on
 - output transform and epilogue: one task per (output-channel block, row of tiles); per tile
   ``A^T M`` then ``(.) A`` unrolled, then BN, residual and activation before the only store.
 
+With the weight in bfloat16 pairs (the compute's ``wino_vb`` block), the input transform makes
+V one row of the tile at a time (``wino_in`` and ``wino_v`` at the ``eps`` loop: a whole tile's
+float32 V, 1 KB for 2x2 tiles, was taken from TVM's workspace pool once per tile, which made the
+kernel 1.35x slower) and rounds it to bfloat16 as it goes; the products are the direct bf16
+conv's ``vdpbf16ps`` micro-kernel (:func:`~.cpu_conv_dpbf16.pair_intrinsic`), one output block x
+:func:`pair_tile_block` tiles per call over an input block's pairs. Nothing is sampled there
+(the tile count is the compute's padding). On a Zen 5, warm, against the direct pair kernel
+(bf16, ResNet-18's layers, F(2x2)): 64 channels at 56x56 250 -> 178-185 us, 128 at 28x28 272 ->
+178, 256 at 14x14 272 -> 210 (7 tiles per call, before :func:`pair_tile_block`), 512 at 7x7 258
+-> 173; at 64 channels the products take 58% of the kernel (at the instruction's rate), the
+input transform 31%.
+
 :class:`WinogradConfig` holds the knobs; its default reads the vector registers from the target
 (:func:`~topi_bn.schedules.helpers.cpu_params`). ``tile_block`` is also the compute's padding of
 the tile count (:func:`winograd_tile_block`, which the graph pass asks per conv), so a register
@@ -28,10 +40,12 @@ import tvm
 from tvm.target import Target
 
 from .common import ScheduleRule, inline_consumers, op_blocks
+from .cpu_conv_dpbf16 import MIN_ACCUMULATORS, pair_intrinsic
 from .cpu_conv_nchwc import vectorize_channel_params
 from .helpers import cpu_params, divisors, extent, knob, loops_under, tile
 
-__all__ = ["WinogradConv", "WinogradConfig", "schedule_conv_winograd", "winograd_tile_block"]
+__all__ = ["WinogradConv", "WinogradConfig", "schedule_conv_winograd", "winograd_tile_block",
+           "pair_tile_block", "MAX_PAIR_TILES"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,25 @@ def winograd_tile_block(target: Target, tiles: int) -> int:
     return min(range(most, max(1, most - 2) - 1, -1), key=lambda t: -(-tiles // t) * t)
 
 
+#: most tiles of a pair-products call (:func:`pair_tile_block`): 16 accumulators and the 8
+#: weight vectors of an input block's pairs stay in the 32 zmm registers
+MAX_PAIR_TILES = 16
+
+
+def pair_tile_block(tiles: int) -> int:
+    """The tiles of one call of the pair products' micro-kernel (and the compute's padding of
+    a count of ``tiles``): up to :data:`MAX_PAIR_TILES`, the one that wastes the least,
+    counting padded zero tiles and the instruction's latency that fewer than
+    :data:`~.cpu_conv_dpbf16.MIN_ACCUMULATORS` accumulators leave idle (ties: the fewer zero
+    tiles, then the larger). ResNet's maps: 784 tiles (56x56) -> 16, 196 (28x28) -> 14,
+    49 (14x14) -> 13 (3 zero tiles), 16 (7x7) -> 16."""
+    def key(t):
+        padded = -(-tiles // t) * t
+        return tiles / padded * min(t, MIN_ACCUMULATORS) / MIN_ACCUMULATORS, -padded, t
+
+    return max(range(1, MAX_PAIR_TILES + 1), key=key)
+
+
 class WinogradConv(ScheduleRule):
     """The blocked 3x3 conv by Winograd's algorithm (module docstring)."""
 
@@ -102,10 +135,15 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
     act = blocks["bn_act"]
     inline_consumers(sch, act)
     _, _, oc_chunks, padded_tiles, _ = (int(iv.dom.extent) for iv in sch.get(gemm).iter_vars[:5])
+    if config is None and "wino_vb" in blocks:
+        config = WinogradConfig(1, pair_tile_block(padded_tiles))
     cfg = config or WinogradConfig.default(p, oc_chunks, padded_tiles)
     vectorize_channel_params(sch, blocks, p.lanes)
     _input_transform(sch, blocks)
-    _products(sch, gemm, cfg, tunable, p)
+    if "wino_vb" in blocks:
+        _pair_products(sch, gemm, cfg, p)
+    else:
+        _products(sch, gemm, cfg, tunable, p)
     _output_transform(sch, blocks)
 
 
@@ -115,13 +153,23 @@ def _input_transform(sch, blocks) -> None:
     sch.reorder(c, t, eps, nu, rb, ci)
     task = sch.fuse(c, t)
     sch.parallel(task)
-    sch.compute_at(tin, task)
+    # pairs: per row of V (its tile's V is 1 KB in float32, which TVM would allocate from the
+    # workspace pool once per tile), rounded to bfloat16 as it is made
+    pairs = "wino_vb" in blocks
+    if pairs:
+        vb = blocks["wino_vb"]
+        sch.reverse_compute_at(vb, eps)
+        *row_loops, lanes = sch.get_loops(vb)[-2:]
+        for lp in row_loops:
+            sch.unroll(lp)
+        sch.vectorize(lanes)
+    sch.compute_at(tin, eps if pairs else task)
     for lp in (eps, nu, rb):
         sch.unroll(lp)
     sch.vectorize(ci)
-    t_eps, t_x, t_ci, t_ra = sch.get_loops(tin)[1:]
-    sch.reorder(t_eps, t_x, t_ra, t_ci)
-    for lp in (t_eps, t_x, t_ra):
+    *t_tile, t_ci, t_ra = sch.get_loops(tin)[-3 if pairs else -4:]
+    sch.reorder(*t_tile, t_ra, t_ci)
+    for lp in (*t_tile, t_ra):
         sch.unroll(lp)
     sch.vectorize(t_ci)
     sch.compute_inline(blocks["pad"])
@@ -149,6 +197,23 @@ def _products(sch, gemm, cfg: WinogradConfig, tunable: bool, p) -> None:
         for lp in tile_loops:
             sch.unroll(lp)
         sch.vectorize(lanes)
+
+
+def _pair_products(sch, gemm, cfg: WinogradConfig, p) -> None:
+    """The products of bfloat16 V and the pair-packed weight by the ``vdpbf16ps`` micro-kernel
+    of the direct bf16 conv (:mod:`.cpu_conv_dpbf16`): one output block x ``tile_block`` tiles
+    per call, over the pairs of one input block; the accumulators in the products' buffer."""
+    eps, nu, k, t, ki, rco, rp, rt = sch.get_loops(gemm)
+    to, tt = sch.split(t, [None, cfg.tile_block])
+    sch.reorder(eps, nu, k, to, rco, tt, ki, rp, rt)
+    task = sch.fuse(eps, nu, k)
+    sch.parallel(task)
+    init = sch.decompose_reduction(gemm, rco)
+    i_tiles, i_lanes = sch.get_loops(init)[-2:]
+    sch.unroll(i_tiles)
+    sch.vectorize(i_lanes)
+    cb, lanes = int(sch.get(rp).extent) * 2, int(sch.get(ki).extent)
+    sch.tensorize(tt, pair_intrinsic(cfg.tile_block, 1, cb, p.bf16_dot, 1, lanes))
 
 
 def _output_transform(sch, blocks) -> None:

@@ -36,7 +36,7 @@ __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
     "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs", "winograd_matrices",
-    "TILES",
+    "winograd_weight_pairs", "TILES",
 ]
 
 #: Winograd output tiles m of F(m x m, 3 x 3) (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
@@ -263,6 +263,18 @@ def pack_winograd_weight(w, tile: int, cb: int, kb: int) -> np.ndarray:
     alpha = tile + 2
     u = u.reshape(alpha, alpha, k // kb, kb, c // cb, cb).transpose(0, 1, 2, 4, 5, 3)
     return np.ascontiguousarray(u.astype(w.dtype))
+
+
+def winograd_weight_pairs(u) -> np.ndarray:
+    """A transformed weight (alpha, alpha, K/kb, C/cb, cb, kb) (:func:`pack_winograd_weight`)
+    -> (alpha, alpha, K/kb, C/cb, cb/2, kb, 2): each pair of input channels ``(2p, 2p + 1)`` of
+    a block interleaved per output channel, the ``vdpbf16ps`` operand layout, as
+    :func:`pack_weight_pairs` (an even ``cb``); the dtype is kept."""
+    a, b, ko, co, cb, kb = _check_ndim("u", u, 6, "(alpha, alpha, K/kb, C/cb, cb, kb)")
+    if cb % 2:
+        raise ValueError(f"u: expected an even input block, got {cb}")
+    pairs = np.asarray(u).reshape(a, b, ko, co, cb // 2, 2, kb).transpose(0, 1, 2, 3, 4, 6, 5)
+    return np.ascontiguousarray(pairs)
 
 
 def unpack_winograd_weight(u, tile: int) -> np.ndarray:

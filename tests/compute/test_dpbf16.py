@@ -284,8 +284,11 @@ def _kernels(mod):
 ])
 def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     """bf16 builds for AVX512_BF16 targets run their groups-1 convs with 16-channel output
-    blocks on the pair kernel, the 3x3 stride-1 convs too (Winograd's bf16 form multiplies in
-    float32); no other build does, and a bf16 build without AVX512_BF16 keeps Winograd."""
+    blocks on the pair kernel: the 3x3 stride-1 convs on maps of at least
+    PAIR_WINOGRAD_MIN_SIDE (this net's 8x8 ones) by Winograd whose products are the pair
+    kernel's (weight in bf16 pairs), the others direct (Winograd's bf16 form with a float32
+    weight multiplies in float32); no other build does, and a bf16 build without AVX512_BF16
+    keeps that float32-weight Winograd."""
     from topi_bn.relax.bfloat16 import to_bfloat16
     from topi_bn.relax.blocked import to_blocked_layout
 
@@ -295,11 +298,35 @@ def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     dp = [k for k in kernels if "dpbf16" in k]
     assert bool(dp) == expected, kernels
     winograd = [k for k in kernels if "winograd" in k]
+    assert winograd, kernels
     if expected:  # the stem too: its 3 input channels make two pairs, the last padded
         assert not [k for k in kernels if k.startswith("topi_bn_conv2d_bn_act_nchwc")], kernels
-        assert not winograd, kernels
+    calls = _winograd_calls(to_blocked_layout(mod, _target(mcpu)))
+    if expected:  # the 8x8 maps' convs only, 2x2 tiles (alpha 4), the weight in bf16 pairs
+        assert {side for side, _ in calls} == {8}, calls
+        assert {w for _, w in calls} == {(4, 7, "bfloat16")}, calls
     else:
-        assert winograd, kernels
+        assert {side for side, _ in calls} == {8, 4, 2, 1}, calls
+        assert {w[1:] for _, w in calls} == {(6, "float32")}, calls
+
+
+def _winograd_calls(mod):
+    """(map side, (alpha, weight rank, weight dtype)) of each Winograd kernel call."""
+    from tvm import relax
+
+    found = []
+    for _, f in mod.functions_items():
+        if isinstance(f, relax.Function):
+            for b in f.body.blocks:
+                for binding in b.bindings:
+                    v = binding.value
+                    if isinstance(v, relax.Call) and len(v.args) > 1 \
+                            and "winograd" in getattr(v.args[0], "name_hint", ""):
+                        data, weight = v.args[1].fields[:2]
+                        w = weight.value.numpy()
+                        found.append((int(data.ty.shape[2]),
+                                      (w.shape[0], w.ndim, str(w.dtype))))
+    return found
 
 
 class _Small(torch.nn.Module):

@@ -24,13 +24,23 @@ Data float32 or bfloat16 (Winograd's transforms add rounding that float16 cannot
 transformed weight float32: bfloat16 data is widened as it is read, everything after runs in
 float32 and the output is rounded once (a ``dtype="bfloat16"`` build transforms the
 bfloat16-rounded weight, in float64, so the kernel computes the direct conv of the bf16 values
-up to float32 rounding). Stride 1, dilation 1, padding 1 ("same" 3x3 convs, groups 1). Layouts as in :mod:`.conv2d_nchwc`: data
-NCHW[cb]c, output NCHW[kb]c; the weight is (alpha, alpha, K/kb, C/cb, cb, kb).
+up to float32 rounding). Or, for the ``vdpbf16ps`` products (:mod:`.conv2d_dpbf16_nchwc`),
+bfloat16 data and the transformed weight rounded to bfloat16 and packed in input-channel pairs
+(:func:`topi_bn.layouts.winograd_weight_pairs`): ``V`` is rounded to bfloat16 too (block
+``wino_vb``) and the products accumulate in float32. The two roundings add to the error of the
+direct bf16 conv: with 2x2 tiles about as much again (a 64-channel 3x3 conv at 56x56, inputs
+after a ReLU: 5.0e-3 of the output's range against 2.7e-3 for the direct pair kernel), with
+4x4 tiles, whose transforms amplify it, 2e-2; so a build uses 2x2 tiles.
+
+Stride 1, dilation 1, padding 1 ("same" 3x3 convs, groups 1). Layouts as in
+:mod:`.conv2d_nchwc`: data NCHW[cb]c, output NCHW[kb]c; the weight is (alpha, alpha, K/kb, C/cb,
+cb, kb) (or its pairs, above).
 
 Blocks (all tagged ``schedule_rule = "topi_bn.conv2d_winograd_nchwc"``): ``pad``, ``bn_scale`` /
 ``bn_shift`` (:func:`conv2d_bn_act_winograd_nchwc` only), ``wino_in`` and ``wino_v`` (input
-transform, ``B^T d`` then ``(.) B``), ``wino_gemm`` (the products, the schedule's anchor;
-reduction ``rco, rci``), ``wino_out`` and ``wino_y`` (output transform, ``A^T M`` then ``(.) A``)
+transform, ``B^T d`` then ``(.) B``), ``wino_vb`` (V rounded to bfloat16; pairs only),
+``wino_gemm`` (the products, the schedule's anchor; reduction ``rco, rci``, or ``rco, rp, rt``
+over the pairs), ``wino_out`` and ``wino_y`` (output transform, ``A^T M`` then ``(.) A``)
 and ``bn_act``. The tiles are counted over the batch and the map (``N * ceil(OH/m) *
 ceil(OW/m)``) and padded with zero tiles to a multiple of ``tile_block``, the schedule's
 register tile of the products.
@@ -74,7 +84,10 @@ def conv2d_bn_act_winograd_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.T
         5-D (N, C/cb, H, W, cb), float32 or bfloat16.
     weight : te.Tensor
         6-D (alpha, alpha, K/kb, C/cb, cb, kb), alpha = ``tile + 2``: the transformed weight
-        (:func:`topi_bn.layouts.pack_winograd_weight`), float32 (for either data dtype).
+        (:func:`topi_bn.layouts.pack_winograd_weight`), float32 (for either data dtype); or
+        7-D (alpha, alpha, K/kb, C/cb, cb/2, kb, 2), bfloat16 (bfloat16 data, an even ``cb``):
+        that weight in input-channel pairs (:func:`topi_bn.layouts.winograd_weight_pairs`),
+        the products by ``vdpbf16ps``.
     gamma, beta, mean, var, bias, residual, eps, activation, out_dtype
         As in :func:`topi_bn.compute.conv2d_bn_act_nchwc`.
     tile : {2, 4}
@@ -118,12 +131,23 @@ def _check(data, weight, tile, tile_block, activation, out_dtype):
         raise ValueError(f"tile_block: expected an int >= 1, got {tile_block!r}")
     alpha = tile + 2
 
+    pairs = len(weight.shape) == 7
+
     def geometry():
-        wshape = check_rank("weight", weight, 6, " (alpha, alpha, K/kb, C/cb, cb, kb), the "
-                            "Winograd-transformed weight")
+        if pairs:
+            wshape = check_rank("weight", weight, 7, " (alpha, alpha, K/kb, C/cb, cb/2, kb, 2), "
+                                "the Winograd-transformed weight in input-channel pairs")
+            if wshape[-1] != 2:
+                raise ValueError(f"weight: expected pairs of input channels in the last axis "
+                                 f"(2), got shape {wshape}")
+            wshape = (*wshape[:4], 2 * wshape[4], wshape[5])
+        else:
+            wshape = check_rank("weight", weight, 6, " (alpha, alpha, K/kb, C/cb, cb, kb), the "
+                                "Winograd-transformed weight")
         if tuple(wshape[:2]) != (alpha, alpha):
-            raise ValueError(f"weight: expected ({alpha}, {alpha}, K/kb, C/cb, cb, kb) for "
-                             f"tile={tile}, got {wshape}")
+            rest = "cb/2, kb, 2" if pairs else "cb, kb"
+            raise ValueError(f"weight: expected ({alpha}, {alpha}, K/kb, C/cb, {rest}) for "
+                             f"tile={tile}, got {tuple(weight.shape)}")
         ko, co, cb, kb = wshape[2:]
         return conv_geometry_nchwc(data, ShapeOnly((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
 
@@ -131,11 +155,18 @@ def _check(data, weight, tile, tile_block, activation, out_dtype):
     if dtype not in DTYPES:
         raise TypeError(f"data: the Winograd conv takes float32 or bfloat16 (its transforms add "
                         f"rounding that {dtype} cannot absorb), got {dtype}")
-    if check_float("weight", weight) != "float32":
+    wdtype = check_float("weight", weight)
+    if pairs and (wdtype, dtype) != ("bfloat16", "bfloat16"):
+        raise TypeError(f"weight: the pair-packed Winograd weight takes bfloat16 data and "
+                        f"weight, got {dtype} data and {wdtype} weight")
+    if not pairs and wdtype != "float32":
         raise TypeError(f"weight: expected float32 (the transformed weight; bfloat16 data takes "
                         f"the float32 transform of its bfloat16 weight), got {weight.dtype}")
     geo, dtype, act, out_dtype = check_conv_args(data, _Retyped(weight, dtype), geometry,
                                                  activation, out_dtype)
+    if pairs and geo.in_block % 2:
+        raise ValueError(f"data: the pair-packed Winograd conv needs an even input block, got "
+                         f"{geo.in_block}")
     return geo, dtype, act, out_dtype
 
 
@@ -191,12 +222,24 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
                                                              axis=[rb]),
                    name="wino_v", attrs=attrs)
     rco = te.reduce_axis((0, c_chunks), name="rco")
-    rci = te.reduce_axis((0, cb), name="rci")
-    gemm = te.compute((alpha, alpha, k_chunks, padded_tiles, kb),
-                      lambda eps, nu, k, p, ki: te.sum(weight[eps, nu, k, rco, rci, ki]
-                                                       * v[eps, nu, rco, p, rci],
-                                                       axis=[rco, rci]),
-                      name="wino_gemm", attrs=attrs)
+    if len(weight.shape) == 7:  # pairs: V rounded to bfloat16, the products by vdpbf16ps
+        vb = te.compute(vshape, lambda *i: _cast(v(*i), "bfloat16"), name="wino_vb",
+                        attrs=attrs)
+        rp = te.reduce_axis((0, cb // 2), name="rp")
+        rt = te.reduce_axis((0, 2), name="rt")
+        gemm = te.compute(
+            (alpha, alpha, k_chunks, padded_tiles, kb),
+            lambda eps, nu, k, p, ki: te.sum(
+                _cast(vb[eps, nu, rco, p, rp * 2 + rt], "float32")
+                * _cast(weight[eps, nu, k, rco, rp, ki, rt], "float32"), axis=[rco, rp, rt]),
+            name="wino_gemm", attrs=attrs)
+    else:
+        rci = te.reduce_axis((0, cb), name="rci")
+        gemm = te.compute((alpha, alpha, k_chunks, padded_tiles, kb),
+                          lambda eps, nu, k, p, ki: te.sum(weight[eps, nu, k, rco, rci, ki]
+                                                           * v[eps, nu, rco, p, rci],
+                                                           axis=[rco, rci]),
+                          name="wino_gemm", attrs=attrs)
     re_ = te.reduce_axis((0, alpha), name="re")
     tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
                       lambda i, nu, k, p, ki: te.sum(gemm[re_, nu, k, p, ki] * a_mat[re_, i],

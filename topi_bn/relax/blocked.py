@@ -16,7 +16,12 @@ function:
   constant float32 (or bfloat16) weight and at least :data:`WINOGRAD_MIN_CHANNELS` channels runs
   Winograd's algorithm instead (:data:`WINOGRAD_COMPUTES`, :mod:`topi_bn.compute.conv2d_winograd_nchwc`),
   its weight transformed here (:func:`topi_bn.layouts.pack_winograd_weight`), unless the pass
-  is made with ``winograd=False``;
+  is made with ``winograd=False``. A bfloat16 conv on a target with AVX512_BF16 runs the
+  ``vdpbf16ps`` pair kernel (:data:`DPBF16_COMPUTES`, the weight packed in input-channel pairs,
+  :func:`topi_bn.layouts.pack_weight_pairs`); if it is such a Winograd conv on a map of at
+  least :data:`PAIR_WINOGRAD_MIN_SIDE`, Winograd with 2x2 tiles whose products are
+  ``vdpbf16ps`` (the transformed weight rounded to bfloat16 once and paired,
+  :func:`topi_bn.layouts.winograd_weight_pairs`);
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
   epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
@@ -51,7 +56,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from topi_bn.schedules.cpu_conv_winograd import winograd_tile_block
+from topi_bn.schedules.cpu_conv_winograd import pair_tile_block, winograd_tile_block
 from ..compute import (
     conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
     conv2d_shift_act_dpbf16_nchwc, conv2d_shift_act_nchwc, conv2d_shift_act_winograd_nchwc,
@@ -59,6 +64,7 @@ from ..compute import (
 from ..compute.conv2d_winograd_nchwc import DTYPES as WINOGRAD_DTYPES
 from ..layouts import (
     ChannelBlocking, data_index_map, pack_weight, pack_weight_pairs, pack_winograd_weight,
+    winograd_weight_pairs,
     weight_index_map,
 )
 from ..targets import resolve_target, target_family
@@ -95,6 +101,13 @@ WINOGRAD_MIN_CHANNELS = 32
 #: smallest map side that takes 4x4 output tiles (2x2 below: at 14x14 both ran alike on Zen 3,
 #: 2x2 tiles are more accurate and their transformed weight is 16/36 the size)
 WINOGRAD_TILE4_MIN_SIDE = 16
+
+#: smallest map side on which a bf16 conv that the pair kernel takes (:data:`DPBF16_COMPUTES`)
+#: runs Winograd with 2x2 tiles and vdpbf16ps products instead. On 7x7 maps it did not pay on
+#: a Zen 5 (its transformed weight, 16/9 the direct one's bytes, comes from memory: ResNet-50
+#: bf16 ran 3% faster with those layers direct, ResNet-18 5% slower), and the direct kernel
+#: there keeps ResNet-18's logits at 2.5e-3 of their range from float64 (2.9e-3 with Winograd)
+PAIR_WINOGRAD_MIN_SIDE = 8
 
 _UNARY = frozenset({
     "relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
@@ -455,14 +468,27 @@ class _ToBlocked(relax.PyExprMutator):
         compute, names = _names_of(spec)
         t = spec.tensors
         options = dict(spec.options)
-        # vdpbf16ps first: Winograd's bf16 form multiplies in float32 (no vdpbf16ps), and the
-        # direct pair kernel ran ResNet-50's 3x3 stride-1 convs in 0.55-1.0x its time (Zen 5)
+        # vdpbf16ps first: Winograd's bf16 form with a float32 weight multiplies in float32, and
+        # the direct pair kernel ran ResNet-50's 3x3 stride-1 convs in 0.55-1.0x its time (Zen
+        # 5); with the pair kernel, Winograd's products are vdpbf16ps too (2x2 tiles)
         pairs = self.target is not None and isinstance(t["weight"], Constant) \
             and dpbf16_applies(self.target, _dtype(t["weight"]), options.get("groups", 1),
                                spec.in_block, spec.out_block)
-        tile = None if self.winograd_target is None or pairs \
-            else _winograd_tile(spec, t["weight"])
-        if tile is not None:
+        tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
+        if pairs and tile is not None and min(_shape(t["data"])[2:]) < PAIR_WINOGRAD_MIN_SIDE:
+            tile = None
+        if tile is not None and pairs:
+            # products by vdpbf16ps of V and the transformed weight rounded to bfloat16: 2x2
+            # tiles only (4x4 ones amplify that rounding about 6x: 2e-2 of a layer's range)
+            compute = WINOGRAD_COMPUTES[compute]
+            u = pack_winograd_weight(t["weight"].value.numpy().astype("float64"), 2,
+                                     spec.in_block, spec.out_block)
+            weight = relax.const(winograd_weight_pairs(u.astype("float32")).astype(
+                t["weight"].value.numpy().dtype), "bfloat16")
+            options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
+            options.update(tile=2, tile_block=pair_tile_block(winograd_tiles(
+                _shape(t["data"]), 2)))
+        elif tile is not None:
             compute = WINOGRAD_COMPUTES[compute]
             # float32 transform (in float64) of the weight, bfloat16 ones included
             weight = relax.const(pack_winograd_weight(
