@@ -15,22 +15,16 @@ Three parallel passes, each over data that stays in the caches a thread works on
 - output transform and epilogue: one task per (output-channel block, row of tiles); per tile
   ``A^T M`` then ``(.) A`` unrolled, then BN, residual and activation before the only store.
 
-With the weight in bfloat16 pairs (the compute's ``wino_vb`` block), the input transform makes
-V one row of the tile at a time (``wino_in`` and ``wino_v`` at the ``eps`` loop: a whole tile's
-float32 V, 1 KB for 2x2 tiles, was taken from TVM's workspace pool once per tile, which made the
-kernel 1.35x slower) and rounds it to bfloat16 as it goes; the products are the direct bf16
-conv's ``vdpbf16ps`` micro-kernel (:func:`~.cpu_conv_dpbf16.pair_intrinsic`), one output block x
-:func:`pair_tile_block` tiles per call over an input block's pairs. Nothing is sampled there
-(the tile count is the compute's padding). On a Zen 5, warm, against the direct pair kernel
-(bf16, ResNet-18's layers, F(2x2)): 64 channels at 56x56 250 -> 178-185 us, 128 at 28x28 272 ->
-178, 256 at 14x14 272 -> 210 (7 tiles per call, before :func:`pair_tile_block`), 512 at 7x7 258
--> 173; at 64 channels the products take 58% of the kernel (at the instruction's rate), the
-input transform 31%.
-
-:class:`WinogradConfig` holds the knobs; its default reads the vector registers from the target
-(:func:`~topi_bn.schedules.helpers.cpu_params`). ``tile_block`` is also the compute's padding of
-the tile count (:func:`winograd_tile_block`, which the graph pass asks per conv), so a register
-tile is never partial.
+With the weight in bfloat16 pairs (the compute's ``wino_vb`` block, V in bfloat16), the
+transforms have no reduction loops (the compute folds B's and A's zeros and ones into adds) and
+the input transform makes V one row of the tile at a time (:func:`_pair_input_transform`); the
+products are the direct bf16 conv's ``vdpbf16ps`` micro-kernel
+(:func:`~.cpu_conv_dpbf16.pair_intrinsic`), one output block x :func:`pair_tile_block` tiles per
+call over an input block's pairs. Nothing is sampled there (the tile count is the compute's
+padding). On a Zen 5, warm, one process, in turns with the direct pair kernel (bf16, 2x2 tiles,
+ResNet's layers): 64 channels at 56x56 245-255 -> 157 us, 128 at 28x28 244 -> 133, 256 at
+14x14 242 -> 132, 512 at 7x7 258 -> 173 (before the folding); before the folding the 64-channel
+kernel's products took 58% of its time, at the instruction's rate.
 """
 from __future__ import annotations
 
@@ -148,29 +142,40 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
 
 
 def _input_transform(sch, blocks) -> None:
+    if "wino_vb" in blocks:
+        _pair_input_transform(sch, blocks)
+        return
     v, tin = blocks["wino_v"], blocks["wino_in"]
     eps, nu, c, t, ci, rb = sch.get_loops(v)
     sch.reorder(c, t, eps, nu, rb, ci)
     task = sch.fuse(c, t)
     sch.parallel(task)
-    # pairs: per row of V (its tile's V is 1 KB in float32, which TVM would allocate from the
-    # workspace pool once per tile), rounded to bfloat16 as it is made
-    pairs = "wino_vb" in blocks
-    if pairs:
-        vb = blocks["wino_vb"]
-        sch.reverse_compute_at(vb, eps)
-        *row_loops, lanes = sch.get_loops(vb)[-2:]
-        for lp in row_loops:
-            sch.unroll(lp)
-        sch.vectorize(lanes)
-    sch.compute_at(tin, eps if pairs else task)
+    sch.compute_at(tin, task)
     for lp in (eps, nu, rb):
         sch.unroll(lp)
     sch.vectorize(ci)
-    *t_tile, t_ci, t_ra = sch.get_loops(tin)[-3 if pairs else -4:]
-    sch.reorder(*t_tile, t_ra, t_ci)
-    for lp in (*t_tile, t_ra):
+    t_eps, t_x, t_ci, t_ra = sch.get_loops(tin)[1:]
+    sch.reorder(t_eps, t_x, t_ra, t_ci)
+    for lp in (t_eps, t_x, t_ra):
         sch.unroll(lp)
+    sch.vectorize(t_ci)
+    sch.compute_inline(blocks["pad"])
+
+
+def _pair_input_transform(sch, blocks) -> None:
+    """V in bfloat16, made one row at a time: ``wino_in``'s row ``eps`` at the ``eps`` loop of
+    ``wino_vb`` (a whole tile's float32 rows, 1 KB for 2x2 tiles, was taken from TVM's workspace
+    pool once per tile, which made the kernel 1.35x slower)."""
+    vb, tin = blocks["wino_vb"], blocks["wino_in"]
+    eps, nu, c, t, ci = sch.get_loops(vb)
+    sch.reorder(c, t, eps, nu, ci)
+    sch.parallel(sch.fuse(c, t))
+    sch.compute_at(tin, eps)
+    for lp in (eps, nu):
+        sch.unroll(lp)
+    sch.vectorize(ci)
+    t_x, t_ci = sch.get_loops(tin)[-2:]
+    sch.unroll(t_x)
     sch.vectorize(t_ci)
     sch.compute_inline(blocks["pad"])
 
@@ -230,9 +235,12 @@ def _output_transform(sch, blocks) -> None:
         sch.unroll(lp)
     sch.vectorize(ki)
     for block in (y, tout):
-        *spatial, lanes, red = loops_under(sch, block, ox_o)
-        sch.reorder(*spatial, red, lanes)
-        for lp in (*spatial, red):
+        loops = loops_under(sch, block, ox_o)
+        if "wino_vb" not in blocks:  # the reduction over alpha, which pairs fold (no loop)
+            *spatial, lanes, red = loops
+            sch.reorder(*spatial, red, lanes)
+            loops = [*spatial, red, lanes]
+        for lp in loops[:-1]:
             sch.unroll(lp)
-        sch.vectorize(lanes)
+        sch.vectorize(loops[-1])
 

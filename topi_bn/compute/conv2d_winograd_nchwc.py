@@ -206,31 +206,36 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
     def corner(p):  # image, first row and column of tile p
         return p // (tiles_h * tiles_w), (p // tiles_w) % tiles_h * m, p % tiles_w * m
 
-    ra = te.reduce_axis((0, alpha), name="ra")
-
-    def t_in(eps, x, c, p, ci):
-        n, y0, x0 = corner(p)
-        v = padded[n, c, y0 + ra, x0 + x, ci]
-        if padded_tiles != tiles:
-            v = tvm.tirx.if_then_else(p < tiles, v, zero)
-        return te.sum(v * b_mat[ra, eps], axis=[ra])
-
     vshape = (alpha, alpha, c_chunks, padded_tiles, cb)
-    tin = te.compute(vshape, t_in, name="wino_in", attrs=attrs)
-    rb = te.reduce_axis((0, alpha), name="rb")
-    v = te.compute(vshape, lambda eps, nu, c, p, ci: te.sum(tin[eps, rb, c, p, ci] * b_mat[rb, nu],
-                                                             axis=[rb]),
-                   name="wino_v", attrs=attrs)
+    pairs = len(weight.shape) == 7
+
+    def tile_input(c, p, ci, y, x):  # input value (y, x) of tile p, zero for a padding tile
+        n, y0, x0 = corner(p)
+        v = padded[n, c, y0 + y, x0 + x, ci]
+        return v if padded_tiles == tiles else tvm.tirx.if_then_else(p < tiles, v, zero)
+
+    if pairs:  # V in bfloat16, the products by vdpbf16ps; B's zeros and ones folded
+        tin = te.compute(vshape, lambda eps, x, c, p, ci: _folded_product(
+            b_np, eps, lambda r: tile_input(c, p, ci, r, x)), name="wino_in", attrs=attrs)
+        v = te.compute(vshape, lambda eps, nu, c, p, ci: _cast(_folded_product(
+            b_np, nu, lambda r: tin[eps, r, c, p, ci]), "bfloat16"), name="wino_vb",
+            attrs=attrs)
+    else:
+        ra = te.reduce_axis((0, alpha), name="ra")
+        tin = te.compute(vshape, lambda eps, x, c, p, ci: te.sum(
+            tile_input(c, p, ci, ra, x) * b_mat[ra, eps], axis=[ra]), name="wino_in",
+            attrs=attrs)
+        rb = te.reduce_axis((0, alpha), name="rb")
+        v = te.compute(vshape, lambda eps, nu, c, p, ci: te.sum(
+            tin[eps, rb, c, p, ci] * b_mat[rb, nu], axis=[rb]), name="wino_v", attrs=attrs)
     rco = te.reduce_axis((0, c_chunks), name="rco")
-    if len(weight.shape) == 7:  # pairs: V rounded to bfloat16, the products by vdpbf16ps
-        vb = te.compute(vshape, lambda *i: _cast(v(*i), "bfloat16"), name="wino_vb",
-                        attrs=attrs)
+    if pairs:
         rp = te.reduce_axis((0, cb // 2), name="rp")
         rt = te.reduce_axis((0, 2), name="rt")
         gemm = te.compute(
             (alpha, alpha, k_chunks, padded_tiles, kb),
             lambda eps, nu, k, p, ki: te.sum(
-                _cast(vb[eps, nu, rco, p, rp * 2 + rt], "float32")
+                _cast(v[eps, nu, rco, p, rp * 2 + rt], "float32")
                 * _cast(weight[eps, nu, k, rco, rp, ki, rt], "float32"), axis=[rco, rp, rt]),
             name="wino_gemm", attrs=attrs)
     else:
@@ -240,16 +245,44 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
                                                            * v[eps, nu, rco, p, rci],
                                                            axis=[rco, rci]),
                           name="wino_gemm", attrs=attrs)
-    re_ = te.reduce_axis((0, alpha), name="re")
-    tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
-                      lambda i, nu, k, p, ki: te.sum(gemm[re_, nu, k, p, ki] * a_mat[re_, i],
-                                                     axis=[re_]),
-                      name="wino_out", attrs=attrs)
-    rn = te.reduce_axis((0, alpha), name="rn")
+    if pairs:  # A's zeros and ones folded
+        tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
+                          lambda i, nu, k, p, ki: _folded_product(
+                              a_np, i, lambda r: gemm[r, nu, k, p, ki]),
+                          name="wino_out", attrs=attrs)
+    else:
+        re_ = te.reduce_axis((0, alpha), name="re")
+        tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
+                          lambda i, nu, k, p, ki: te.sum(gemm[re_, nu, k, p, ki]
+                                                         * a_mat[re_, i], axis=[re_]),
+                          name="wino_out", attrs=attrs)
+        rn = te.reduce_axis((0, alpha), name="rn")
 
     def y_fn(n, k, oy, ox, ki):
         p = (n * tiles_h + oy // m) * tiles_w + ox // m
+        if pairs:
+            return _folded_product(a_np, ox % m, lambda r: tout[oy % m, r, k, p, ki])
         return te.sum(tout[oy % m, rn, k, p, ki] * a_mat[rn, ox % m], axis=[rn])
 
     conv = te.compute(geo.out_shape, y_fn, name="wino_y", attrs=attrs)
     return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
+
+
+def _folded_product(mat, col, term):
+    """``sum_r mat[r, col] * term(r)`` for a constant matrix ``mat`` and an index ``col`` that
+    the schedule unrolls: one sum per column, its zero terms left out and its +-1 ones without
+    a multiply, chosen by ``col`` (a select that the unrolled loop folds away)."""
+    def column(j):
+        total = None
+        for r, c in enumerate(float(x) for x in mat[:, j]):
+            if c == 0.0:
+                continue
+            t = term(r)
+            t = t if c == 1.0 else -t if c == -1.0 else t * tvm.tirx.const(c, "float32")
+            total = t if total is None else total + t
+        return tvm.tirx.const(0, "float32") if total is None else total
+
+    out = column(mat.shape[1] - 1)
+    for j in reversed(range(mat.shape[1] - 1)):
+        out = tvm.tirx.Select(col == j, column(j), out)
+    return out
