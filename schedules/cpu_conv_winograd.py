@@ -5,8 +5,9 @@
 Three parallel passes, each over data that stays in the caches a thread works on:
 
 - input transform: one task per (channel block, tile): the tile's ``alpha x alpha`` input
-  vectors, ``B^T d`` then ``(.) B`` unrolled (the transform matrices are constants, so each
-  step is a few vector adds and multiplies), the padding read in place;
+  vectors, ``B^T d`` then ``(.) B`` unrolled, one row of V at a time (:func:`_input_transform`),
+  the padding read in place. The compute writes the transforms as sums over the matrices'
+  nonzero entries, so a step is a few vector adds (and, for 4x4 tiles, multiplies);
 - products (``wino_gemm``, the anchor): one task per ``(eps, nu, output-channel chunk)``; a
   register tile of ``oc_blocks x tile_block`` accumulator vectors (channel blocks x tiles, the
   channel lanes vectorized) over the whole channel reduction: per input channel one weight
@@ -15,16 +16,19 @@ Three parallel passes, each over data that stays in the caches a thread works on
 - output transform and epilogue: one task per (output-channel block, row of tiles); per tile
   ``A^T M`` then ``(.) A`` unrolled, then BN, residual and activation before the only store.
 
+The transforms as sums without reduction loops and V one row at a time (float32, default
+schedules, one process, in turns, outputs bit-identical): on a Zen 5, 64 channels at 56x56 in
+4x4 tiles 200 -> 152 us, 128 at 28x28 167 -> 142, 256 at 14x14 in 2x2 tiles 273 -> 235, 512 at
+7x7 332 -> 333; compiled for AVX2 (``x86-avx2``, 8-channel blocks) and run on the same Zen 5,
+390 -> 299, 307 -> 264, 453 -> 434, 725 -> 717.
+
 With the weight in bfloat16 pairs (the compute's ``wino_vb`` block, V in bfloat16), the
-transforms have no reduction loops (the compute folds B's and A's zeros and ones into adds) and
-the input transform makes V one row of the tile at a time (:func:`_pair_input_transform`); the
 products are the direct bf16 conv's ``vdpbf16ps`` micro-kernel
 (:func:`~.cpu_conv_dpbf16.pair_intrinsic`), one output block x :func:`pair_tile_block` tiles per
 call over an input block's pairs. Nothing is sampled there (the tile count is the compute's
-padding). On a Zen 5, warm, one process, in turns with the direct pair kernel (bf16, 2x2 tiles,
-ResNet's layers): 64 channels at 56x56 245-255 -> 157 us, 128 at 28x28 244 -> 133, 256 at
-14x14 242 -> 132, 512 at 7x7 258 -> 173 (before the folding); before the folding the 64-channel
-kernel's products took 58% of its time, at the instruction's rate.
+padding). On the Zen 5, warm, in turns with the direct pair kernel (bf16, 2x2 tiles, ResNet's
+layers): 64 channels at 56x56 245-255 -> 157 us, 128 at 28x28 244 -> 133, 256 at 14x14 242 ->
+132, 512 at 7x7 258 -> 156.
 """
 from __future__ import annotations
 
@@ -142,32 +146,12 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
 
 
 def _input_transform(sch, blocks) -> None:
-    if "wino_vb" in blocks:
-        _pair_input_transform(sch, blocks)
-        return
-    v, tin = blocks["wino_v"], blocks["wino_in"]
-    eps, nu, c, t, ci, rb = sch.get_loops(v)
-    sch.reorder(c, t, eps, nu, rb, ci)
-    task = sch.fuse(c, t)
-    sch.parallel(task)
-    sch.compute_at(tin, task)
-    for lp in (eps, nu, rb):
-        sch.unroll(lp)
-    sch.vectorize(ci)
-    t_eps, t_x, t_ci, t_ra = sch.get_loops(tin)[1:]
-    sch.reorder(t_eps, t_x, t_ra, t_ci)
-    for lp in (t_eps, t_x, t_ra):
-        sch.unroll(lp)
-    sch.vectorize(t_ci)
-    sch.compute_inline(blocks["pad"])
-
-
-def _pair_input_transform(sch, blocks) -> None:
-    """V in bfloat16, made one row at a time: ``wino_in``'s row ``eps`` at the ``eps`` loop of
-    ``wino_vb`` (a whole tile's float32 rows, 1 KB for 2x2 tiles, was taken from TVM's workspace
-    pool once per tile, which made the kernel 1.35x slower)."""
-    vb, tin = blocks["wino_vb"], blocks["wino_in"]
-    eps, nu, c, t, ci = sch.get_loops(vb)
+    """One task per (channel block, tile); V made one row of the tile at a time: ``wino_in``'s
+    row ``eps`` at the ``eps`` loop of V (a whole tile's ``wino_in``, 1-2.3 KB, was taken from
+    TVM's workspace pool once per tile), rounded to bfloat16 as it goes where V is bfloat16."""
+    v = blocks["wino_vb"] if "wino_vb" in blocks else blocks["wino_v"]
+    tin = blocks["wino_in"]
+    eps, nu, c, t, ci = sch.get_loops(v)
     sch.reorder(c, t, eps, nu, ci)
     sch.parallel(sch.fuse(c, t))
     sch.compute_at(tin, eps)
@@ -235,12 +219,8 @@ def _output_transform(sch, blocks) -> None:
         sch.unroll(lp)
     sch.vectorize(ki)
     for block in (y, tout):
-        loops = loops_under(sch, block, ox_o)
-        if "wino_vb" not in blocks:  # the reduction over alpha, which pairs fold (no loop)
-            *spatial, lanes, red = loops
-            sch.reorder(*spatial, red, lanes)
-            loops = [*spatial, red, lanes]
-        for lp in loops[:-1]:
+        *spatial, lanes = loops_under(sch, block, ox_o)
+        for lp in spatial:
             sch.unroll(lp)
-        sch.vectorize(loops[-1])
+        sch.vectorize(lanes)
 

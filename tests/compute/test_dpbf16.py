@@ -15,14 +15,13 @@ from tvm import te
 
 import topi_bn
 from topi_bn import layouts as L
-from topi_bn import reference as ref
 from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_nchwc
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
     default_blocks, kernel_name, micro_kernel_ir, native_dpbf16,
 )
-from topi_bn.testing import assert_close_to_range, run_te
+from topi_bn.testing import assert_close_to_range, bf16_conv_case, run_te
 
 BF16 = "bfloat16"
 AVX512_BF16 = {"sapphirerapids": "Intel Sapphire Rapids", "znver4": "AMD Zen 4"}
@@ -45,22 +44,9 @@ def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=Tru
     packed = L.pack_weight_pairs(w, cb, kb)
     if swap_pairs:  # the pair's two input channels exchanged: what a wrong interleave computes
         packed = np.ascontiguousarray(packed[..., ::-1])
-    arrays = {"data": round_to_bfloat16(L.nchw_to_nchwc(x, cb)),
-              "weight": round_to_bfloat16(packed)}
-    if folded:
-        arrays["shift"] = rng.standard_normal(k).astype("float32")
-    else:
-        arrays.update(gamma=rng.uniform(0.5, 1.5, k).astype("float32"),
-                      beta=rng.standard_normal(k).astype("float32"),
-                      mean=(rng.standard_normal(k) * 0.1).astype("float32"),
-                      var=rng.uniform(0.5, 2.0, k).astype("float32"))
-    if residual:
-        arrays["residual"] = round_to_bfloat16(rng.standard_normal((1, k // kb, oh, oh, kb)))
     opts = {"strides": stride, "padding": pad}
-    blocked = [L.nchw_to_nchwc(x, cb), L.pack_weight(w, cb, kb)]
-    rest = [arrays[n] for n in (("shift",) if folded else ("gamma", "beta", "mean", "var"))]
-    reference = ref.conv2d_shift_act_nchwc if folded else ref.conv2d_bn_act_nchwc
-    expect = reference(*blocked, *rest, residual=arrays.get("residual"), **opts)
+    arrays, expect = bf16_conv_case(rng, x, w, packed, cb=cb, kb=kb, out_hw=(oh, oh),
+                                    folded=folded, residual=residual, **opts)
     return arrays, opts, expect
 
 

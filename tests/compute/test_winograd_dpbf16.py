@@ -12,12 +12,11 @@ from tvm import te
 
 import topi_bn
 from topi_bn import layouts as L
-from topi_bn import reference as ref
 from topi_bn.compute import conv2d_bn_act_winograd_nchwc, conv2d_shift_act_winograd_nchwc
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules.cpu_conv_winograd import MAX_PAIR_TILES, pair_tile_block
 from topi_bn.targets import host_can_run
-from topi_bn.testing import assert_close_to_range, error_to_range, run_te
+from topi_bn.testing import assert_close_to_range, bf16_conv_case, error_to_range, run_te
 
 BF16 = "bfloat16"
 
@@ -35,21 +34,8 @@ def _problem(rng, n=1, c=32, h=16, w=16, k=32, cb=16, kb=16, folded=False, resid
     pairs = L.winograd_weight_pairs(L.pack_winograd_weight(wt, 2, cb, kb))
     if swap_pairs:  # the pair's two input channels exchanged: what a wrong interleave computes
         pairs = np.ascontiguousarray(pairs[..., ::-1])
-    arrays = {"data": round_to_bfloat16(L.nchw_to_nchwc(x, cb)),
-              "weight": round_to_bfloat16(pairs)}
-    if folded:
-        arrays["shift"] = rng.standard_normal(k).astype("float32")
-    else:
-        arrays.update(gamma=rng.uniform(0.5, 1.5, k).astype("float32"),
-                      beta=rng.standard_normal(k).astype("float32"),
-                      mean=(rng.standard_normal(k) * 0.1).astype("float32"),
-                      var=rng.uniform(0.5, 2.0, k).astype("float32"))
-    if residual:
-        arrays["residual"] = round_to_bfloat16(rng.standard_normal((n, k // kb, h, w, kb)))
-    blocked = [L.nchw_to_nchwc(x, cb), L.pack_weight(wt, cb, kb)]
-    rest = [arrays[m] for m in (("shift",) if folded else ("gamma", "beta", "mean", "var"))]
-    reference = ref.conv2d_shift_act_nchwc if folded else ref.conv2d_bn_act_nchwc
-    expect = reference(*blocked, *rest, residual=arrays.get("residual"), padding=1)
+    arrays, expect = bf16_conv_case(rng, x, wt, pairs, cb=cb, kb=kb, out_hw=(h, w),
+                                    folded=folded, residual=residual, padding=1)
     tiles = n * -(-h // 2) * -(-w // 2)
     return arrays, expect, pair_tile_block(tiles)
 

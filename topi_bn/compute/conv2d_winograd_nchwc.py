@@ -180,12 +180,8 @@ class _Retyped:
 
 def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual, act: str,
               out_dtype: str) -> te.Tensor:
-    from tvm.topi.utils import const_matrix
-
     attrs = {"schedule_rule": RULE}
     a_np, b_np, _ = winograd_matrices(m)
-    a_mat = const_matrix(a_np.astype("float32"), "wino_A")
-    b_mat = const_matrix(b_np.astype("float32"), "wino_B")
     alpha = m + 2
     n_img, cb, kb = geo.batch, geo.in_block, geo.out_block
     c_chunks, k_chunks = geo.in_channels // cb, geo.out_channels // kb
@@ -194,6 +190,7 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
     tiles = n_img * tiles_h * tiles_w
     padded_tiles = -(-tiles // tile_block) * tile_block
     zero = tvm.tirx.const(0, "float32")
+    pairs = len(weight.shape) == 7
 
     def pad_fn(n, c, y, x, ci):
         inside = tvm.tirx.all(y >= 1, y < h + 1, x >= 1, x < w + 1)
@@ -203,33 +200,20 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
     padded = te.compute((n_img, c_chunks, tiles_h * m + 2, tiles_w * m + 2, cb), pad_fn,
                         name="pad", attrs=attrs)
 
-    def corner(p):  # image, first row and column of tile p
-        return p // (tiles_h * tiles_w), (p // tiles_w) % tiles_h * m, p % tiles_w * m
-
-    vshape = (alpha, alpha, c_chunks, padded_tiles, cb)
-    pairs = len(weight.shape) == 7
-
     def tile_input(c, p, ci, y, x):  # input value (y, x) of tile p, zero for a padding tile
-        n, y0, x0 = corner(p)
+        n, y0, x0 = p // (tiles_h * tiles_w), (p // tiles_w) % tiles_h * m, p % tiles_w * m
         v = padded[n, c, y0 + y, x0 + x, ci]
         return v if padded_tiles == tiles else tvm.tirx.if_then_else(p < tiles, v, zero)
 
-    if pairs:  # V in bfloat16, the products by vdpbf16ps; B's zeros and ones folded
-        tin = te.compute(vshape, lambda eps, x, c, p, ci: _folded_product(
-            b_np, eps, lambda r: tile_input(c, p, ci, r, x)), name="wino_in", attrs=attrs)
-        v = te.compute(vshape, lambda eps, nu, c, p, ci: _cast(_folded_product(
-            b_np, nu, lambda r: tin[eps, r, c, p, ci]), "bfloat16"), name="wino_vb",
-            attrs=attrs)
-    else:
-        ra = te.reduce_axis((0, alpha), name="ra")
-        tin = te.compute(vshape, lambda eps, x, c, p, ci: te.sum(
-            tile_input(c, p, ci, ra, x) * b_mat[ra, eps], axis=[ra]), name="wino_in",
-            attrs=attrs)
-        rb = te.reduce_axis((0, alpha), name="rb")
-        v = te.compute(vshape, lambda eps, nu, c, p, ci: te.sum(
-            tin[eps, rb, c, p, ci] * b_mat[rb, nu], axis=[rb]), name="wino_v", attrs=attrs)
+    # the transforms as sums over B's and A's nonzero entries (no reduction loops)
+    vshape = (alpha, alpha, c_chunks, padded_tiles, cb)
+    tin = te.compute(vshape, lambda eps, x, c, p, ci: _folded_product(
+        b_np, eps, lambda r: tile_input(c, p, ci, r, x)), name="wino_in", attrs=attrs)
+    v = te.compute(vshape, lambda eps, nu, c, p, ci: _cast(_folded_product(
+        b_np, nu, lambda r: tin[eps, r, c, p, ci]), "bfloat16" if pairs else "float32"),
+        name="wino_vb" if pairs else "wino_v", attrs=attrs)
     rco = te.reduce_axis((0, c_chunks), name="rco")
-    if pairs:
+    if pairs:  # V in bfloat16, the products by vdpbf16ps
         rp = te.reduce_axis((0, cb // 2), name="rp")
         rt = te.reduce_axis((0, 2), name="rt")
         gemm = te.compute(
@@ -245,24 +229,14 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
                                                            * v[eps, nu, rco, p, rci],
                                                            axis=[rco, rci]),
                           name="wino_gemm", attrs=attrs)
-    if pairs:  # A's zeros and ones folded
-        tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
-                          lambda i, nu, k, p, ki: _folded_product(
-                              a_np, i, lambda r: gemm[r, nu, k, p, ki]),
-                          name="wino_out", attrs=attrs)
-    else:
-        re_ = te.reduce_axis((0, alpha), name="re")
-        tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
-                          lambda i, nu, k, p, ki: te.sum(gemm[re_, nu, k, p, ki]
-                                                         * a_mat[re_, i], axis=[re_]),
-                          name="wino_out", attrs=attrs)
-        rn = te.reduce_axis((0, alpha), name="rn")
+    tout = te.compute((m, alpha, k_chunks, padded_tiles, kb),
+                      lambda i, nu, k, p, ki: _folded_product(
+                          a_np, i, lambda r: gemm[r, nu, k, p, ki]),
+                      name="wino_out", attrs=attrs)
 
     def y_fn(n, k, oy, ox, ki):
         p = (n * tiles_h + oy // m) * tiles_w + ox // m
-        if pairs:
-            return _folded_product(a_np, ox % m, lambda r: tout[oy % m, r, k, p, ki])
-        return te.sum(tout[oy % m, rn, k, p, ki] * a_mat[rn, ox % m], axis=[rn])
+        return _folded_product(a_np, ox % m, lambda r: tout[oy % m, r, k, p, ki])
 
     conv = te.compute(geo.out_shape, y_fn, name="wino_y", attrs=attrs)
     return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
@@ -271,7 +245,9 @@ def _winograd(data, weight, geo, m: int, tile_block: int, scale, shift, residual
 def _folded_product(mat, col, term):
     """``sum_r mat[r, col] * term(r)`` for a constant matrix ``mat`` and an index ``col`` that
     the schedule unrolls: one sum per column, its zero terms left out and its +-1 ones without
-    a multiply, chosen by ``col`` (a select that the unrolled loop folds away)."""
+    a multiply, chosen by ``col`` (a select that the unrolled loop folds away). The sums add in
+    the order of ``r``, as the reductions they replaced did (results bit-identical: x * 1 and
+    x + 0 * y are exact)."""
     def column(j):
         total = None
         for r, c in enumerate(float(x) for x in mat[:, j]):

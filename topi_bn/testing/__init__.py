@@ -15,7 +15,7 @@ from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import has_topi_bn_blocks
 from topi_bn.targets import resolve_target
 
-__all__ = ["TOLERANCES", "assert_close", "as_float64", "run_prim_func", "to_dtype", "run_te",
+__all__ = ["TOLERANCES", "assert_close", "bf16_conv_case", "as_float64", "run_prim_func", "to_dtype", "run_te",
            "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
            "assert_close_to_range", "run_workload", "workload_symbol", "workloads_module"]
 
@@ -209,3 +209,33 @@ def _dim(d):
         return int(d)
     except (TypeError, ValueError):
         return str(d)
+
+
+def bf16_conv_case(rng, x, w, weight, *, cb: int, kb: int, out_hw: tuple[int, int],
+                   folded: bool = False, residual: bool = True, **conv_options):
+    """The arrays of a bf16 blocked conv kernel and its float64 reference: ``x`` (N, C, H, W)
+    and ``w`` (K, C, KH, KW) already rounded to bf16 (as float64), ``weight`` their packing for
+    the kernel under test; batch-norm parameters (or, ``folded``, a shift) and a ``residual``
+    drawn from ``rng``. Returns ``(arrays, expect)``: the kernel's inputs by argument name (data,
+    weight and residual as bf16) and the direct conv of ``x`` and ``w`` in float64 (padding,
+    strides: ``conv_options``)."""
+    from topi_bn import layouts, reference
+    from topi_bn.dtypes import round_to_bfloat16
+
+    k = w.shape[0]
+    arrays = {"data": round_to_bfloat16(layouts.nchw_to_nchwc(x, cb)),
+              "weight": round_to_bfloat16(weight)}
+    if folded:
+        arrays["shift"] = rng.standard_normal(k).astype("float32")
+    else:
+        arrays.update(gamma=rng.uniform(0.5, 1.5, k).astype("float32"),
+                      beta=rng.standard_normal(k).astype("float32"),
+                      mean=(rng.standard_normal(k) * 0.1).astype("float32"),
+                      var=rng.uniform(0.5, 2.0, k).astype("float32"))
+    if residual:
+        arrays["residual"] = round_to_bfloat16(
+            rng.standard_normal((x.shape[0], k // kb, *out_hw, kb)))
+    blocked = [layouts.nchw_to_nchwc(x, cb), layouts.pack_weight(w, cb, kb)]
+    rest = [arrays[n] for n in (("shift",) if folded else ("gamma", "beta", "mean", "var"))]
+    ref = reference.conv2d_shift_act_nchwc if folded else reference.conv2d_bn_act_nchwc
+    return arrays, ref(*blocked, *rest, residual=arrays.get("residual"), **conv_options)
