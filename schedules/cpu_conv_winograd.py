@@ -133,23 +133,24 @@ def schedule_conv_winograd(sch: tvm.s_tir.Schedule, gemm, target: Target, tunabl
     act = blocks["bn_act"]
     inline_consumers(sch, act)
     _, _, oc_chunks, padded_tiles, _ = (int(iv.dom.extent) for iv in sch.get(gemm).iter_vars[:5])
-    if config is None and "wino_vb" in blocks:
+    pairs = "wino_vb" in blocks  # V in bfloat16, the weight in pairs: vdpbf16ps products
+    if config is None and pairs:
         config = WinogradConfig(1, pair_tile_block(padded_tiles))
     cfg = config or WinogradConfig.default(p, oc_chunks, padded_tiles)
     vectorize_channel_params(sch, blocks, p.lanes)
-    _input_transform(sch, blocks)
-    if "wino_vb" in blocks:
+    _input_transform(sch, blocks["wino_vb" if pairs else "wino_v"], blocks)
+    if pairs:
         _pair_products(sch, gemm, cfg, p)
     else:
         _products(sch, gemm, cfg, tunable, p)
     _output_transform(sch, blocks)
 
 
-def _input_transform(sch, blocks) -> None:
-    """One task per (channel block, tile); V made one row of the tile at a time: ``wino_in``'s
-    row ``eps`` at the ``eps`` loop of V (a whole tile's ``wino_in``, 1-2.3 KB, was taken from
-    TVM's workspace pool once per tile), rounded to bfloat16 as it goes where V is bfloat16."""
-    v = blocks["wino_vb"] if "wino_vb" in blocks else blocks["wino_v"]
+def _input_transform(sch, v, blocks) -> None:
+    """One task per (channel block, tile); V (block ``v``) made one row of the tile at a time:
+    ``wino_in``'s row ``eps`` at the ``eps`` loop of V (a whole tile's ``wino_in``, 1-2.3 KB,
+    was taken from TVM's workspace pool once per tile), rounded to bfloat16 as it goes where V
+    is bfloat16."""
     tin = blocks["wino_in"]
     eps, nu, c, t, ci = sch.get_loops(v)
     sch.reorder(c, t, eps, nu, ci)

@@ -62,10 +62,10 @@ from ..compute import (
     conv2d_shift_act_dpbf16_nchwc, conv2d_shift_act_nchwc, conv2d_shift_act_winograd_nchwc,
 )
 from ..compute.conv2d_winograd_nchwc import DTYPES as WINOGRAD_DTYPES
+from ..dtypes import round_to_bfloat16
 from ..layouts import (
     ChannelBlocking, data_index_map, pack_weight, pack_weight_pairs, pack_winograd_weight,
-    winograd_weight_pairs,
-    weight_index_map,
+    weight_index_map, winograd_weight_pairs,
 )
 from ..targets import resolve_target, target_family
 from .registration import drop_unused_prim_funcs, emit_te, kernel_description
@@ -477,26 +477,26 @@ class _ToBlocked(relax.PyExprMutator):
         tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
         if pairs and tile is not None and min(_shape(t["data"])[2:]) < PAIR_WINOGRAD_MIN_SIDE:
             tile = None
-        if tile is not None and pairs:
-            # products by vdpbf16ps of V and the transformed weight rounded to bfloat16: 2x2
-            # tiles only (4x4 ones amplify that rounding about 6x: 2e-2 of a layer's range)
+        if tile is not None:
             compute = WINOGRAD_COMPUTES[compute]
-            u = pack_winograd_weight(t["weight"].value.numpy().astype("float64"), 2,
-                                     spec.in_block, spec.out_block)
-            weight = relax.const(winograd_weight_pairs(u.astype("float32")).astype(
-                t["weight"].value.numpy().dtype), "bfloat16")
+            w = t["weight"].value.numpy()
+            if pairs:
+                # products by vdpbf16ps of V and the transformed weight (made in float64,
+                # rounded to bfloat16 once): 2x2 tiles only (4x4 ones amplify that rounding
+                # about 6x: 2e-2 of a layer's range)
+                tile = 2
+                weight = relax.const(winograd_weight_pairs(round_to_bfloat16(
+                    pack_winograd_weight(w.astype("float64"), tile, spec.in_block,
+                                         spec.out_block))), "bfloat16")
+                tile_block = pair_tile_block(winograd_tiles(_shape(t["data"]), tile))
+            else:
+                # float32 transform (in float64) of the weight, bfloat16 ones included
+                weight = relax.const(pack_winograd_weight(
+                    w.astype("float32"), tile, spec.in_block, spec.out_block), "float32")
+                tile_block = winograd_tile_block(self.winograd_target,
+                                                 winograd_tiles(_shape(t["data"]), tile))
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
-            options.update(tile=2, tile_block=pair_tile_block(winograd_tiles(
-                _shape(t["data"]), 2)))
-        elif tile is not None:
-            compute = WINOGRAD_COMPUTES[compute]
-            # float32 transform (in float64) of the weight, bfloat16 ones included
-            weight = relax.const(pack_winograd_weight(
-                t["weight"].value.numpy().astype("float32"), tile, spec.in_block,
-                spec.out_block), "float32")
-            options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
-            options.update(tile=tile, tile_block=winograd_tile_block(
-                self.winograd_target, winograd_tiles(_shape(t["data"]), tile)))
+            options.update(tile=tile, tile_block=tile_block)
         elif pairs:
             compute = DPBF16_COMPUTES[compute]
             weight = relax.const(pack_weight_pairs(

@@ -15,9 +15,10 @@ from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import has_topi_bn_blocks
 from topi_bn.targets import resolve_target
 
-__all__ = ["TOLERANCES", "assert_close", "bf16_conv_case", "as_float64", "run_prim_func", "to_dtype", "run_te",
-           "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES", "error_to_range",
-           "assert_close_to_range", "run_workload", "workload_symbol", "workloads_module"]
+__all__ = ["TOLERANCES", "assert_close", "bf16_conv_case", "as_float64", "run_prim_func",
+           "to_dtype", "run_te", "built_kernels", "legalized_prim_func", "RANGE_TOLERANCES",
+           "error_to_range", "assert_close_to_range", "run_workload", "workload_symbol",
+           "workloads_module"]
 
 # dtype -> (atol, rtol) against a float64 reference computed from the same (rounded) inputs.
 TOLERANCES = {
