@@ -150,6 +150,44 @@ def test_unpacked_float16_running_stats_accumulate_in_float32(rng):
     assert_close(new_rv, ref[4], "float16", "running_var")
 
 
+@pytest.mark.parametrize("order", ["infer_then_train", "train_then_infer"])
+def test_unpacked_decomposes_inference_and_training_batch_norms_of_one_module(rng, order):
+    """A module with batch-norms in both modes: TVM's two passes each decompose every
+    batch-norm their way, whatever its flag (the inference pass would normalize the training
+    one by its running statistics); 'unpacked' writes the inference ones out first and returns
+    each batch-norm's own result and statistics."""
+    shape, c = (4, 3, 5, 5), 3
+    x = rng.standard_normal(shape).astype("float32") * 2 + 1
+    params = [[rng.standard_normal(c).astype("float32"), rng.standard_normal(c).astype("float32"),
+               rng.standard_normal(c).astype("float32"), (rng.random(c) + 0.5).astype("float32")]
+              for _ in range(2)]
+    flags = (False, True) if order == "infer_then_train" else (True, False)
+    xv = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            h, stats = xv, []
+            for flag, p in zip(flags, params):
+                bn = bb.emit(relax.op.nn.batch_norm(h, *(relax.const(a) for a in p), axis=1,
+                                                    momentum=0.2, training=flag))
+                h = bb.emit(relax.TupleGetItem(bn, 0))
+                stats += [bb.emit(relax.TupleGetItem(bn, i)) for i in (1, 2)]
+            out = bb.emit_output(relax.Tuple([h, *stats]))
+        bb.emit_func_output(out)
+    got = _run(tr.apply_bn_mode(bb.get(), "unpacked"), x)
+    h, want = x, []
+    for flag, p in zip(flags, params):
+        if flag:
+            y, _, _, rm, rv = reference.batch_norm_train(h, *p, momentum=0.2)
+        else:
+            y, rm, rv = reference.batch_norm_infer(h, *p), p[2], p[3]
+        h = y
+        want += [rm, rv]
+    assert_close(got[0], h, "float32", "y")
+    for i, (g, w) in enumerate(zip(got[1:], want)):
+        assert_close(g, w, "float32", f"statistic {i}")
+
+
 def test_unpacked_training_with_one_value_per_channel_is_refused():
     xv = relax.Var("x", relax.TensorType((1, 3, 1, 1), "float32"))
     ones = relax.const(np.ones(3, "float32"))

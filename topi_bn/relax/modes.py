@@ -11,9 +11,10 @@
                (:func:`topi_bn.relax.fold.fold_batch_norm`), then conv2d -> add(shift) -> [act]
                becomes one ``conv2d_shift_act`` kernel; BNs that cannot be folded are fused
                as in ``fused``.
-``unpacked``   TVM's own decomposition (``DecomposeOpsForInference``; for a module whose
-               batch-norms are all in training mode, ``DecomposeOpsForTraining``) and TVM's own
-               lowering of everything: the baseline. topi-bn's registration stays out of it.
+``unpacked``   TVM's own decomposition (``DecomposeOpsForInference``; for a module with
+               batch-norms in training mode, ``DecomposeOpsForTraining``, its inference ones
+               written out first as the inference pass writes them) and TVM's own lowering
+               of everything: the baseline. topi-bn's registration stays out of it.
                Training batch-norms whose running statistics are returned get them computed
                beside TVM's decomposition in the module's convention (PyTorch or ONNX), which
                TVM's gets wrong (:class:`_RunningStats`).
@@ -252,6 +253,45 @@ class _RunningStats(relax.PyExprMutator):
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(out)))
 
 
+@relax.expr_functor.mutator
+class _InferenceBatchNorms(relax.PyExprMutator):
+    """The inference batch-norms (``training=False``) written out as TVM's
+    ``DecomposeOpsForInference`` writes them: ``(x - mean) / sqrt(var + eps) * gamma + beta``
+    (``gamma`` and ``beta`` where ``scale`` and ``center`` are set), the statistics passed
+    through. For a module that also has training batch-norms: TVM's two passes each decompose
+    every batch-norm their way, whatever its ``training`` flag."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if op_name(call) != "relax.nn.batch_norm" or call.attrs.training:
+            return call
+        x, gamma, beta, mean, var = call.args
+        a = call.attrs
+        axis = int(a.axis) % len(x.ty.shape)
+        axes = [i for i in range(len(x.ty.shape)) if i != axis]
+
+        def channel(t):
+            return relax.op.expand_dims(t, axes)
+
+        eps = relax.const(float(a.epsilon), str(x.ty.dtype))
+        y = relax.op.divide(relax.op.subtract(x, channel(mean)),
+                            relax.op.sqrt(relax.op.add(channel(var), eps)))
+        if a.scale:
+            y = relax.op.multiply(y, channel(gamma))
+        if a.center:
+            y = relax.op.add(y, channel(beta))
+        return relax.Tuple([y, mean, var])
+
+
+def _mutate_functions(m: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with mutator ``m`` (made for ``mod``) applied to every Relax function."""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            m.builder_.update_func(gv, m.visit_expr(func))
+    out = m.builder_.get()
+    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
+
+
 def _fix_running_stats(mod: tvm.IRModule) -> tvm.IRModule:
     """:class:`_RunningStats` on every training batch-norm whose statistics are read."""
     convention = "pytorch"
@@ -291,12 +331,7 @@ class _LegalizeOnly(relax.PyExprMutator):
 
 
 def _legalize_only(mod: tvm.IRModule, ops) -> tvm.IRModule:
-    m = _LegalizeOnly(mod, ops)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            m.builder_.update_func(gv, m.visit_expr(func))
-    out = m.builder_.get()
-    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
+    return _mutate_functions(_LegalizeOnly(mod, ops), mod)
 
 
 def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None = None,
@@ -358,13 +393,11 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
             mod = FuseConvShiftAct()(mod)
         elif bn == "unpacked":
             modes = {bool(call.attrs.training) for _, _, call in found}
-            if modes == {True}:
+            if True in modes:
+                if False in modes:  # TVM's training pass would take them for training ones
+                    mod = _mutate_functions(_InferenceBatchNorms(mod), mod)
                 mod = _fix_running_stats(mod)
                 mod = relax.transform.DecomposeOpsForTraining()(mod)
-            elif modes == {True, False}:
-                raise ValueError("bn: 'unpacked' decomposes either inference or training "
-                                 "batch-norms, and this module has both; use 'fused' or "
-                                 "'opaque'")
             else:
                 mod = relax.transform.DecomposeOpsForInference()(mod)
             outcomes = [BatchNormOutcome(f, v, "unpacked") for f, v, _ in found]
