@@ -267,8 +267,9 @@ class _InferenceBatchNorms(relax.PyExprMutator):
             return call
         x, gamma, beta, mean, var = call.args
         a = call.attrs
-        axis = int(a.axis) % len(x.ty.shape)
-        axes = [i for i in range(len(x.ty.shape)) if i != axis]
+        ndim = int(x.ty.ndim)
+        axis = int(a.axis) % ndim
+        axes = [i for i in range(ndim) if i != axis]
 
         def channel(t):
             return relax.op.expand_dims(t, axes)
