@@ -480,21 +480,21 @@ class _ToBlocked(relax.PyExprMutator):
         if tile is not None:
             compute = WINOGRAD_COMPUTES[compute]
             w = t["weight"].value.numpy()
+            # products by vdpbf16ps of V and the transformed weight (made in float64, rounded
+            # to bfloat16 once): 2x2 tiles only (4x4 ones amplify that rounding about 6x: 2e-2
+            # of a layer's range)
+            tile = 2 if pairs else tile
+            tiles = winograd_tiles(_shape(t["data"]), tile)
             if pairs:
-                # products by vdpbf16ps of V and the transformed weight (made in float64,
-                # rounded to bfloat16 once): 2x2 tiles only (4x4 ones amplify that rounding
-                # about 6x: 2e-2 of a layer's range)
-                tile = 2
                 weight = relax.const(winograd_weight_pairs(round_to_bfloat16(
                     pack_winograd_weight(w.astype("float64"), tile, spec.in_block,
                                          spec.out_block))), "bfloat16")
-                tile_block = pair_tile_block(winograd_tiles(_shape(t["data"]), tile))
+                tile_block = pair_tile_block(tiles)
             else:
                 # float32 transform (in float64) of the weight, bfloat16 ones included
                 weight = relax.const(pack_winograd_weight(
                     w.astype("float32"), tile, spec.in_block, spec.out_block), "float32")
-                tile_block = winograd_tile_block(self.winograd_target,
-                                                 winograd_tiles(_shape(t["data"]), tile))
+                tile_block = winograd_tile_block(self.winograd_target, tiles)
             options = {k: v for k, v in options.items() if k not in _GEOMETRY_OPTIONS}
             options.update(tile=tile, tile_block=tile_block)
         elif pairs:

@@ -10,6 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
+from topi_bn import layouts
+from topi_bn.dtypes import round_to_bfloat16
+from topi_bn.reference import conv2d_bn_act_nchwc, conv2d_shift_act_nchwc
 from topi_bn.relax import pipeline
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import has_topi_bn_blocks
@@ -220,9 +223,6 @@ def bf16_conv_case(rng, x, w, weight, *, cb: int, kb: int, out_hw: tuple[int, in
     drawn from ``rng``. Returns ``(arrays, expect)``: the kernel's inputs by argument name (data,
     weight and residual as bf16) and the direct conv of ``x`` and ``w`` in float64 (padding,
     strides: ``conv_options``)."""
-    from topi_bn import layouts, reference
-    from topi_bn.dtypes import round_to_bfloat16
-
     k = w.shape[0]
     arrays = {"data": round_to_bfloat16(layouts.nchw_to_nchwc(x, cb)),
               "weight": round_to_bfloat16(weight)}
@@ -238,5 +238,5 @@ def bf16_conv_case(rng, x, w, weight, *, cb: int, kb: int, out_hw: tuple[int, in
             rng.standard_normal((x.shape[0], k // kb, *out_hw, kb)))
     blocked = [layouts.nchw_to_nchwc(x, cb), layouts.pack_weight(w, cb, kb)]
     rest = [arrays[n] for n in (("shift",) if folded else ("gamma", "beta", "mean", "var"))]
-    ref = reference.conv2d_shift_act_nchwc if folded else reference.conv2d_bn_act_nchwc
+    ref = conv2d_shift_act_nchwc if folded else conv2d_bn_act_nchwc
     return arrays, ref(*blocked, *rest, residual=arrays.get("residual"), **conv_options)
