@@ -278,6 +278,29 @@ def test_pass_converts_weights_once_and_keeps_the_signature(bn):
     assert 'R.matmul(' in text and 'out_dtype="float32"' in text
 
 
+@pytest.mark.parametrize("out_dtype", [None, "float32"])
+def test_classifier_weight_in_bf16_whatever_the_matmuls_out_dtype(out_dtype):
+    """The ONNX importer's ``Gemm`` is a ``matmul`` with ``out_dtype=None`` (torch.export's has
+    "float32"): either way the weight is rounded to bf16 and the logits accumulate in float32."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 10)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, relax.const(w), out_dtype=out_dtype))
+        bb.emit_func_output(y)
+    out = to_bfloat16(bb.get())
+    calls = [b.value for b in out["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul"]
+    assert len(calls) == 1 and str(calls[0].args[1].ty.dtype) == BF16
+    assert str(calls[0].ty.dtype) == "float32"
+    got = _first(_run(topi_bn.build(bb.get(), TARGET, dtype=BF16, tuning_logs=None),
+                      np.ones((1, 64), "float32")))
+    expect = np.asarray(_bf16(w), np.float64).sum(axis=0, keepdims=True)
+    assert_close_to_range(got, expect, "float32")
+
+
 def test_folded_weight_is_the_float64_fold_rounded_once():
     """Weights chosen so that the float32 fold lands exactly half-way between two bf16 values
     while the float64 fold does not: rounding the float32 fold again would round twice."""

@@ -36,7 +36,7 @@ def test_the_graphs_cover_the_layers_and_configs():
     ops, seen, configs = set(), set(), set()
     for i in range(400):
         graph, config = fuzz.case(11, i)
-        configs.add((config.importer, config.bn, config.layout))
+        configs.add((config.importer, config.bn, config.layout, config.dtype))
         shapes = fuzz._shapes(graph)
         for node in graph.nodes:
             ops.add(node.op)
@@ -67,6 +67,8 @@ def test_the_graphs_cover_the_layers_and_configs():
     assert {c[0] for c in configs} == set(fuzz.IMPORTERS)
     assert {c[1] for c in configs} == set(fuzz.BN_MODES)
     assert {c[2] for c in configs} == set(fuzz.LAYOUTS)
+    assert {(c[1], c[3]) for c in configs if c[3] == "bfloat16"} == \
+        {(bn, "bfloat16") for bn in ("fused", "folded")}
 
 
 def test_verdicts():
@@ -100,6 +102,33 @@ def test_ill_conditioned_outputs_are_judged_against_eager():
     assert not fuzz._within_tolerance(good * (1 + 1e-3), good, good * (1 + 1e-7), "float32")
     assert not fuzz._within_tolerance(good * (1 + 2e-4), good, good * (1 + 1e-7), "float32")
     assert fuzz._within_tolerance(good * (1 + 1e-5), good, good, "float32")
+
+
+def test_bfloat16_builds_are_judged_against_their_range_and_eager_bfloat16(monkeypatch):
+    """A bf16 build passes within 2**-6 of the output's range, or within twice PyTorch eager's
+    bf16 error; a conv graph built with ``dtype="bfloat16"`` runs in bf16 (its error is well
+    above float32's) and passes."""
+    good = np.array([1.0, -2.0, 4.0])
+    assert fuzz._within_tolerance(good + 0.05, good, good, "bfloat16")  # 1.25e-2 of the range
+    assert not fuzz._within_tolerance(good + 0.1, good, good + 0.01, "bfloat16")
+    assert fuzz._within_tolerance(good + 0.1, good, good + 0.06, "bfloat16")  # eager 1.5e-2
+    assert not fuzz._within_tolerance(good + 0.2, good, good + 0.06, "bfloat16")
+    graph = Graph((1, 8, 8, 8), (
+        Node("conv", (0,), (("out", 16), ("k", 3), ("stride", 1), ("padding", (1, 1)),
+                            ("dilation", 1), ("groups", 1), ("bias", False))),
+        Node("bn", (1,), (("train", False),)),
+        Node("relu", (2,)),
+    ), (3,))
+    judged = []
+    within = fuzz._within_tolerance
+    monkeypatch.setattr(fuzz, "_within_tolerance", lambda out, ref, eager, dtype: judged.append(
+        (dtype, fuzz._relative_error(out, ref))) or within(out, ref, eager, dtype))
+    for dtype in ("float32", "bfloat16"):
+        outcome = fuzz.run_case(graph, Config(dtype=dtype))
+        assert outcome.status == "pass", outcome.detail
+    (f32, f32_err), (bf16, bf16_err) = judged
+    assert (f32, bf16) == ("float32", "bfloat16")
+    assert f32_err < 1e-5 and 1e-3 < bf16_err < 2.0 ** -6
 
 
 def test_shrink_keeps_what_fails():

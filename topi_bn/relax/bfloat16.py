@@ -382,8 +382,8 @@ class _ToBF16(relax.PyExprMutator):
         a, b = call.args
         if not (_tensor_dtype(a) == F32 and _tensor_dtype(b) == F32):
             return None
-        out_dtype = str(call.attrs.out_dtype)
-        if out_dtype not in ("", "void", F32):
+        out_dtype = call.attrs.out_dtype  # None from the ONNX importer: the operands' dtype
+        if out_dtype is not None and str(out_dtype) not in ("", "void", F32):
             return None
 
         def operand(x):
