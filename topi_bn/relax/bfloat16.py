@@ -61,7 +61,7 @@ from .. import compute as _computes
 from ..dtypes import bfloat16_exact, round_to_bfloat16
 from .registration import (
     drop_unused_prim_funcs, emit_te, is_registered, kernel_description, legalize_batch_norm,
-    legalize_options,
+    legalize_options, rewritten_module,
 )
 
 __all__ = ["ToBFloat16", "to_bfloat16", "CONV_KERNELS", "FLOAT32_REDUCTIONS",
@@ -447,9 +447,7 @@ def to_bfloat16(mod: tvm.IRModule) -> tvm.IRModule:
         rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
     if rewriter is None:
         return mod
-    out = rewriter.builder_.get()
-    out = tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
-    return drop_unused_prim_funcs(out)
+    return drop_unused_prim_funcs(rewritten_module(rewriter, mod))
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.ToBFloat16")

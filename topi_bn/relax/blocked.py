@@ -68,7 +68,9 @@ from ..layouts import (
     weight_index_map, winograd_weight_pairs,
 )
 from ..targets import resolve_target, target_family
-from .registration import drop_unused_prim_funcs, emit_te, kernel_description
+from .registration import (
+    drop_unused_prim_funcs, emit_te, kernel_description, rewritten_module,
+)
 
 __all__ = ["BlockedLayout", "to_blocked_layout", "winograd_tile", "winograd_tiles",
            "BLOCKED_COMPUTES", "WINOGRAD_COMPUTES", "DPBF16_COMPUTES", "dpbf16_applies"]
@@ -648,9 +650,7 @@ def to_blocked_layout(mod: tvm.IRModule, target: Any, winograd: bool = True) -> 
         rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
     if rewriter is None:
         return mod
-    out = rewriter.builder_.get()
-    out = tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
-    return drop_unused_prim_funcs(out)
+    return drop_unused_prim_funcs(rewritten_module(rewriter, mod))
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.BlockedLayout")

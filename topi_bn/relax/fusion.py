@@ -41,7 +41,7 @@ from ..compute import conv2d_bn_relu, conv2d_shift_act
 from .analysis import (
     FunctionUses, channel_values, constant_value, is_channel_shape, op_name, static_shape,
 )
-from .registration import emit_te
+from .registration import emit_te, rewritten_module
 from .report import SKIP_REASONS, BatchNormOutcome
 
 __all__ = ["FuseConvBatchNorm", "FuseConvShiftAct", "fuse_conv_batch_norm", "fuse_conv_shift_act"]
@@ -362,8 +362,7 @@ def _rewrite(mod: tvm.IRModule, find) -> tuple[tvm.IRModule, list[BatchNormOutco
         rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
     if rewriter is None:
         return mod, outcomes
-    out = rewriter.builder_.get()
-    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs), outcomes
+    return rewritten_module(rewriter, mod), outcomes
 
 
 def fuse_conv_batch_norm(mod: tvm.IRModule, return_report: bool = False):

@@ -53,7 +53,9 @@ from .lowering import (
     narrow_indices, pipeline,
 )
 from .params import check_params
-from .registration import BN_CONVENTION_ATTR, MODE_ATTR, OPS, legalize_options
+from .registration import (
+    BN_CONVENTION_ATTR, MODE_ATTR, OPS, legalize_options, mutate_relax_functions, rewritten_module,
+)
 from .report import BatchNormOutcome, BatchNormReport
 
 __all__ = ["BN_MODES", "LAYOUTS", "apply_bn_mode", "ApplyDefaultSchedules", "pipeline", "lower",
@@ -284,15 +286,6 @@ class _InferenceBatchNorms(relax.PyExprMutator):
         return relax.Tuple([y, mean, var])
 
 
-def _mutate_functions(m: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with mutator ``m`` (made for ``mod``) applied to every Relax function."""
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            m.builder_.update_func(gv, m.visit_expr(func))
-    out = m.builder_.get()
-    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
-
-
 def _fix_running_stats(mod: tvm.IRModule) -> tvm.IRModule:
     """:class:`_RunningStats` on every training batch-norm whose statistics are read."""
     convention = "pytorch"
@@ -310,10 +303,7 @@ def _fix_running_stats(mod: tvm.IRModule) -> tvm.IRModule:
         if fixer.targets:
             fixer.builder_.update_func(gv, fixer.visit_expr(func))
             changed = True
-    if not changed:
-        return mod
-    out = fixer.builder_.get()
-    return tvm.IRModule(dict(out.functions_items()), attrs=mod.attrs)
+    return rewritten_module(fixer, mod) if changed else mod
 
 
 @relax.expr_functor.mutator
@@ -332,7 +322,7 @@ class _LegalizeOnly(relax.PyExprMutator):
 
 
 def _legalize_only(mod: tvm.IRModule, ops) -> tvm.IRModule:
-    return _mutate_functions(_LegalizeOnly(mod, ops), mod)
+    return mutate_relax_functions(_LegalizeOnly(mod, ops), mod)
 
 
 def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None = None,
@@ -396,7 +386,7 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
             modes = {bool(call.attrs.training) for _, _, call in found}
             if True in modes:
                 if False in modes:  # TVM's training pass would take them for training ones
-                    mod = _mutate_functions(_InferenceBatchNorms(mod), mod)
+                    mod = mutate_relax_functions(_InferenceBatchNorms(mod), mod)
                 mod = _fix_running_stats(mod)
                 mod = relax.transform.DecomposeOpsForTraining()(mod)
             else:

@@ -24,7 +24,7 @@ from tvm.ir.expr import Constant
 from topi_bn.schedules.cpu_dense import CONSTANT_PARAMS, PACKED_WEIGHT, pack_panels
 
 from .analysis import constant_value
-from .registration import drop_unused_prim_funcs
+from .registration import drop_unused_prim_funcs, mutate_relax_functions
 
 __all__ = ["MarkConstantParams", "PackConstantWeights"]
 
@@ -144,9 +144,4 @@ class PackConstantWeights:
             out.update_func(gv, func.without_attr(CONSTANT_PARAMS))
         if not packed:
             return mod if out is None else out
-        mutator = _Repack(out, packed)
-        for gv, func in out.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return drop_unused_prim_funcs(
-            tvm.IRModule(dict(mutator.builder_.get().functions_items()), attrs=mod.attrs))
+        return drop_unused_prim_funcs(mutate_relax_functions(_Repack(out, packed), out))

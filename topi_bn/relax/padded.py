@@ -35,7 +35,7 @@ from tvm import relax
 from tvm.ir.expr import TensorLoad, TensorRegion, Var
 from tvm.script import tirx as T
 
-from .registration import drop_unused_prim_funcs
+from .registration import drop_unused_prim_funcs, mutate_relax_functions
 
 __all__ = ["PaddedOutputs", "input_padding", "pad_output", "read_padded"]
 
@@ -347,12 +347,7 @@ class PaddedOutputs:
                 calls.update(_pairs(mod, func))
         if not calls:
             return mod
-        mutator = _Rewrite(mod, calls)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return drop_unused_prim_funcs(
-            tvm.IRModule(dict(mutator.builder_.get().functions_items()), attrs=mod.attrs))
+        return drop_unused_prim_funcs(mutate_relax_functions(_Rewrite(mod, calls), mod))
 
 
 def _pairs(mod: tvm.IRModule, func: relax.Function) -> dict:

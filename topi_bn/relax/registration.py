@@ -49,6 +49,7 @@ __all__ = [
     "LegalizeOptions", "legalize_batch_norm", "legalize_layer_norm", "schedule_primfunc",
     "BN_CONVENTION_ATTR", "MODE_ATTR", "OP_PATTERN_OPAQUE", "OPS", "ACTIVATION_OPS",
     "legalize_relu", "legalize_clip", "KERNEL_ATTR", "kernel_description", "drop_unused_prim_funcs",
+    "rewritten_module", "mutate_relax_functions",
     "StripKernelDescriptions", "emit_te",
 ]
 
@@ -339,3 +340,17 @@ def drop_unused_prim_funcs(mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in used:
             del out[gv]
     return out
+
+
+def rewritten_module(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """The module ``mutator`` (made for ``mod``) has built, with ``mod``'s attributes (its block
+    builder's module lacks them)."""
+    return tvm.IRModule(dict(mutator.builder_.get().functions_items()), attrs=mod.attrs)
+
+
+def mutate_relax_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with ``mutator`` (made for ``mod``) applied to every Relax function."""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return rewritten_module(mutator, mod)
