@@ -69,8 +69,9 @@ def template_at_default():
 @pytest.fixture(scope="session")
 def model_files(tmp_path_factory):
     """``(folder, reference)``: ``topi_bn.testing.models.tiny_conv_bn`` saved as ``tiny.pt2``
-    (torch.export.save) and ``tiny.onnx`` (opset 17, BNs kept), its input ``x.npy``
-    (1x3x8x8 float32) and PyTorch's output for it (1x4), for the ``topi-bn compile`` tests."""
+    (torch.export.save), ``tiny.onnx`` (opset 17, BNs kept) and ``tiny-dyn.onnx`` (the same with
+    a dynamic batch ``batch``), its input ``x.npy`` (1x3x8x8 float32) and PyTorch's output for
+    it (1x4), for the ``topi-bn compile`` tests."""
     torch = pytest.importorskip("torch")
     from topi_bn.testing.models import tiny_conv_bn
 
@@ -86,6 +87,9 @@ def model_files(tmp_path_factory):
         warnings.simplefilter("ignore")
         torch.onnx.export(net, (x,), d / "tiny.onnx", dynamo=False, opset_version=17,
                           do_constant_folding=False)
+        torch.onnx.export(net, (x,), d / "tiny-dyn.onnx", dynamo=False, opset_version=17,
+                          do_constant_folding=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})
     return d, ref
 
 

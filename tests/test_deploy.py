@@ -3,10 +3,12 @@ runtime alone."""
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
+import topi_bn
 from topi_bn import cli
 from topi_bn.testing import assert_close
 
@@ -63,6 +65,25 @@ def test_compile_bfloat16_keeps_float32_io(model_files, capsys, bn):
     assert_close_to_range(out, ref, "bfloat16", tol=2.0 ** -7)
 
 
+def test_compile_binds_a_dynamic_batch(model_files, capsys):
+    """An ONNX model with a dynamic batch: ``--shape-var batch=1`` builds it for batch 1 (on
+    topi-bn's kernels, no symbolic-shape warning); without it the build warns and names the
+    option."""
+    d, ref = model_files
+    lib = d / "tiny-dyn.so"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
+        assert cli.main(["compile", str(d / "tiny-dyn.onnx"), "--target", TARGET,
+                         "--shape-var", "batch=1", "-o", str(lib)]) == 0
+    y = d / "y-dyn.npy"
+    assert cli.main(["run", str(lib), "--input", str(d / "x.npy"), "-o", str(y)]) == 0
+    assert_close(np.load(y), ref, "float32", "dynamic batch bound to 1")
+    with pytest.warns(topi_bn.SymbolicShapeWarning, match=r"\(batch\).*shape_vars=\{'batch': 1\}"):
+        assert cli.main(["compile", str(d / "tiny-dyn.onnx"), "--target", TARGET,
+                         "-o", str(d / "tiny-dyn-generic.so")]) == 0
+    capsys.readouterr()
+
+
 def test_no_batch_norm_model_is_compiled_with_a_note(tmp_path, capsys):
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
     x = torch.zeros((1, 3, 5, 5))
@@ -83,6 +104,12 @@ def test_no_batch_norm_model_is_compiled_with_a_note(tmp_path, capsys):
     (["compile", "{d}/tiny.onnx", "--dtype", "bfloat16", "--bn", "unpacked", "-o",
       "{d}/m.so"], "--dtype: bfloat16 builds need --bn fused or folded"),
     (["compile", "{d}/bad.onnx", "-o", "{d}/m.so"], "not a readable ONNX model"),
+    (["compile", "{d}/tiny-dyn.onnx", "--shape-var", "batch", "-o", "{d}/m.so"],
+     "--shape-var: expected NAME=SIZE"),
+    (["compile", "{d}/tiny-dyn.onnx", "--shape-var", "batch=0", "-o", "{d}/m.so"],
+     "--shape-var: expected NAME=SIZE with a size >= 1"),
+    (["compile", "{d}/tiny-dyn.onnx", "--shape-var", "n=1", "-o", "{d}/m.so"],
+     "shape_vars: 'n' is not a symbolic dimension of the model's inputs (they have: batch)"),
     (["run", "{d}/missing.so", "--input", "{d}/x.npy"], "library: no such file"),
     (["run", "{d}/tiny.onnx", "--input", "{d}/missing.npy"], "--input: no such file"),
     (["run", "{d}/riscv.so", "--input", "{d}/x.npy"],

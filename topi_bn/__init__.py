@@ -40,7 +40,7 @@ if not _tvm_base._RUNTIME_ONLY:
         fold_batch_norm,
     )
     from .targets import resolve_target
-    from .build import build
+    from .build import SymbolicShapeWarning, build
     from .tuning import tune, workload_prim_func
     from . import schedules  # noqa: F401  (registers the per-target MetaSchedule rules)
     from .relax import (  # importing topi_bn.relax registers the Relax lowering
@@ -53,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc",
     "batch_norm_train", "batch_norm_infer", "layer_norm", "layouts", "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
+    "SymbolicShapeWarning",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",
     "register", "unregister", "is_registered", "tvm_lowering", "FuseConvBatchNorm",

@@ -181,6 +181,21 @@ def _compile_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute dtype: bfloat16 keeps the model's float32 inputs and outputs "
                         "and runs bf16 activations and weights with float32 accumulation "
                         "(--bn fused or folded) (default: float32)")
+    p.add_argument("--shape-var", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic input dimension (repeatable; e.g. batch=1 for an "
+                        "ONNX model exported with a dynamic batch): topi-bn's kernels need "
+                        "static shapes, a dimension left symbolic runs TVM's generic kernels")
+
+
+def _shape_vars(items: Sequence[str]) -> dict[str, int]:
+    """``--shape-var NAME=SIZE`` options as a dict (ValueError naming a malformed one)."""
+    out = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--shape-var: expected NAME=SIZE with a size >= 1, got {item!r}")
+        out[name] = int(size)
+    return out
 
 
 def _compile_check(args, fail: Callable[[str], None]) -> None:
@@ -188,6 +203,7 @@ def _compile_check(args, fail: Callable[[str], None]) -> None:
         fail(f"--dtype: bfloat16 builds need --bn fused or folded, got --bn {args.bn}")
 
     try:
+        _shape_vars(args.shape_var)
         model_format(args.model, "MODEL")
         library_compiler(resolve(args.target, arg_name="--target"), "--target")
     except (ValueError, TypeError) as err:
@@ -204,7 +220,7 @@ def _compile_run(args) -> int:
     report = compile_model(args.model, args.output, args.target, args.bn, args.tuning_logs,
                            shipped=not args.no_shipped_logs,
                            progress=lambda line: print(line, file=sys.stderr, flush=True),
-                           dtype=args.dtype)
+                           dtype=args.dtype, shape_vars=_shape_vars(args.shape_var))
     print(report.summary())
     if report.batch_norms.skipped:
         for o in report.batch_norms.skipped:

@@ -27,7 +27,7 @@ import shutil
 import struct
 import tempfile
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 # .build and .relax (TVM's compiler) are imported where a model is loaded or built, so that
 # run_library works with TVM's runtime alone (on a board)
@@ -113,7 +113,8 @@ def library_compiler(target: Any, arg: str = "target") -> str | None:
 
 def compile_model(model: str, output: str, target: Any, bn: str = "fused",
                   tuning_logs: Sequence[str] = (), shipped: bool = True,
-                  progress: Callable[[str], None] | None = None, dtype: str = "float32"):
+                  progress: Callable[[str], None] | None = None, dtype: str = "float32",
+                  shape_vars: Mapping[str, int] | None = None):
     """Import ``model``, build it for ``target`` and write the shared library ``output``.
 
     Parameters
@@ -137,6 +138,9 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     dtype : {"float32", "bfloat16"}
         As in :func:`topi_bn.build`: ``"bfloat16"`` keeps the library's float32 inputs and
         outputs and runs bf16 activations and weights inside.
+    shape_vars : dict, optional
+        As in :func:`topi_bn.build`: sizes of the model's symbolic input dimensions (a dynamic
+        batch), which the library is then built for.
 
     Returns
     -------
@@ -168,7 +172,8 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     if shipped and not os.path.isdir(shipped_log_dir(target)):
         say(f"note: topi-bn ships no tuning log for {key}: kernels without a record of "
             f"--tuning-logs use default schedules")
-    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs, dtype=dtype)
+    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs, dtype=dtype,
+                                   shape_vars=shape_vars)
     say(f"[3/3] writing {output}")
     tmp_dir = tempfile.mkdtemp(dir=out_dir, prefix=".topi-bn-")
     try:

@@ -229,3 +229,58 @@ def test_tensorflow_style_is_training_batch_norm(rng):
 
 
 # Whole networks (ResNet-18/50, MobileNetV2) through both import paths: tests/relax/test_models.py.
+
+
+# ----------------------------------------------------------------------------- dynamic batch
+
+def test_dynamic_batch_builds_warns_and_binds():
+    """A torch.export program with a dynamic batch (``Dim``): built as it is, it runs every
+    batch size correctly on TVM's generic kernels, with a SymbolicShapeWarning naming the
+    dimension (the build crashed in topi-bn's tuning report before); ``shape_vars`` binds the
+    size and the build runs topi-bn's blocked kernels; bad ``shape_vars`` are one-line errors."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+    from topi_bn.build import build_with_report
+    from topi_bn.testing.models import tiny_conv_bn
+
+    net = tiny_conv_bn().eval()
+    dim = torch.export.Dim("batch", min=1, max=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (torch.zeros(2, 3, 8, 8),),
+                                 dynamic_shapes={"x": {0: dim}})
+    mod = tr.from_exported_program(ep, keep_buffer_updates=False)
+    name = relax.analysis.defined_symbolic_vars(mod["main"])[0].name
+    rng = np.random.default_rng(0)
+
+    def check(ex, batch):
+        x = rng.standard_normal((batch, 3, 8, 8)).astype("float32")
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+        out = out if isinstance(out, tvm.runtime.Tensor) else out[0]
+        with torch.no_grad():
+            assert_close(out.numpy(), net(torch.from_numpy(x)).numpy(), "float32")
+
+    with pytest.warns(topi_bn.SymbolicShapeWarning, match=f"\\({name}\\).*shape_vars"):
+        generic = topi_bn.build(mod, "x86-avx2")
+    for batch in (1, 3):
+        check(generic, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
+        ex, report = build_with_report(mod, "x86-avx2", shape_vars={name: 2})
+    check(ex, 2)
+    assert report.tuned + report.untuned  # topi-bn kernels, which need static shapes
+    for bad, error, message in (({"nope": 1}, ValueError, "not a symbolic dimension"),
+                                ({name: 0}, ValueError, "must be a size >= 1"),
+                                ({name: 1.5}, ValueError, "must be a size >= 1"),
+                                ([(name, 1)], TypeError, "expected a dict")):
+        with pytest.raises(error, match=f"^shape_vars: .*{message}"):
+            topi_bn.build(mod, "x86-avx2", shape_vars=bad)
+    with pytest.raises(ValueError, match="^shape_vars: only a Relax module"):
+        topi_bn.build(generic_prim_func(), "x86-avx2", shape_vars={"n": 1})
+
+
+def generic_prim_func():
+    from tvm import te
+
+    a = te.placeholder((te.var("n"), 4), name="a")
+    return te.create_prim_func([a, te.compute(a.shape, lambda i, j: a[i, j] * 2, name="b")])
