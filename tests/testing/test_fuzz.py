@@ -51,6 +51,8 @@ def test_the_graphs_cover_the_layers_and_configs():
                     seen.add("depthwise" if a["groups"] == shapes[node.inputs[0]][1] else "groups")
                 if a["padding"][0] != a["padding"][1]:
                     seen.add("padding per axis")
+            if node.op == "upsample":
+                seen.add(node.get("mode"))
             if node.op in ("bn", "bn1d"):
                 seen.add("bn train" if a["train"] else "bn eval")
             if node.op == "add":
@@ -60,10 +62,11 @@ def test_the_graphs_cover_the_layers_and_configs():
         if len(fuzz._live(graph)) < len(graph.nodes):
             seen.add("unused values")
     assert ops >= {"conv", "conv_transpose", "bn", "bn1d", "relu", "relu6", "sigmoid", "add", "concat",
-                   "maxpool", "avgpool", "gap", "flatten", "linear", "pad"}
+                   "maxpool", "avgpool", "gap", "flatten", "linear", "pad", "upsample"}
     assert seen >= {"k1", "k3", "k5", "k7", "stride1", "stride2", "dilation", "bias", "shared",
                     "depthwise", "groups", "padding per axis", "bn train", "bn eval",
-                    "several outputs", "unused values", "conv", "bn", "input"}
+                    "several outputs", "unused values", "conv", "bn", "input", "nearest",
+                    "bilinear"}
     assert {c[0] for c in configs} == set(fuzz.IMPORTERS)
     assert {c[1] for c in configs} == set(fuzz.BN_MODES)
     assert {c[2] for c in configs} == set(fuzz.LAYOUTS)

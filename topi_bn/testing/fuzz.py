@@ -5,7 +5,8 @@ models (fusion, folding, the blocked layout, parameter binding): conv2d (kernel 
 1/2, dilation, groups and depthwise, bias or not, asymmetric padding), conv_transpose2d,
 batch-norm in eval mode with random statistics and in train mode, ReLU / ReLU6 / sigmoid /
 SiLU / hardswish / hardsigmoid / GELU / leaky ReLU / none, residual adds (of raw conv outputs,
-batch-norm outputs, block inputs), concat, max / average / global pooling, squeeze-excitation
+batch-norm outputs, block inputs), concat, max / average / global pooling, nearest and bilinear
+upsampling (``F.interpolate``, scale 2), squeeze-excitation
 gates (``x * sigmoid(conv(act(conv(pool(x)))))``), flatten + linear + BatchNorm1d, a conv
 applied twice (shared weights), several outputs and layers whose result is never used. It is imported through ``torch.export`` or ONNX
 (constants, or kept parameters passed as ``params=``), built by :func:`topi_bn.build` in one
@@ -225,6 +226,9 @@ def model_of(graph: Graph):
                 return torch.mean(xs[0], dim=(2, 3), keepdim=a["how"] == "mean")
             if op == "flatten":
                 return torch.flatten(xs[0], 1)
+            if op == "upsample":
+                return F.interpolate(xs[0], scale_factor=a["scale"], mode=a["mode"],
+                                     align_corners=False if a["mode"] == "bilinear" else None)
             raise ValueError(f"op: unknown fuzz op {op!r}")
 
     torch.manual_seed(graph.seed)
@@ -286,6 +290,8 @@ def _shape_of(node: Node, ins: list) -> tuple[int, ...]:
         return (s[0], s[1]) if node.get("how") == "mean2d" else (s[0], s[1], 1, 1)
     if op == "flatten":
         return (s[0], int(np.prod(s[1:])))
+    if op == "upsample":
+        return (s[0], s[1], s[2] * a["scale"], s[3] * a["scale"])
     if op == "linear":
         return (s[0], a["out"])
     raise ValueError(f"op: unknown fuzz op {op!r}")
@@ -446,6 +452,12 @@ def random_graph(rng: np.random.Generator, seed: int = 0) -> Graph:
                 picks = [src] + [_pick(rng, same) for _ in range(int(rng.integers(1, 3)))]
                 add(Node("concat", tuple(picks)), "concat")
             elif r < 0.85:
+                if rng.random() < 0.25:  # upsampling, as in segmentation and detection heads
+                    if max(s[2:]) > 12:
+                        continue
+                    add(Node("upsample", (src,), (("scale", 2), ("mode", _pick(
+                        rng, ("nearest", "bilinear"))))), "upsample")
+                    continue
                 op = _pick(rng, ("maxpool", "avgpool"))
                 k = _pick(rng, (2, 3))
                 stride = _pick(rng, (1, 2, 2))
