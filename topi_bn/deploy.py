@@ -148,7 +148,9 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     """
     from tvm.support import cc
 
-    from .build import build_with_report, shipped_log_dir  # the compiler: see the imports
+    from .build import (  # the compiler: see the imports
+        SymbolicShapeWarning, build_with_report, shipped_log_dir,
+    )
 
     say = progress or (lambda _line: None)
     check_dtype(dtype)
@@ -172,8 +174,15 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     if shipped and not os.path.isdir(shipped_log_dir(target)):
         say(f"note: topi-bn ships no tuning log for {key}: kernels without a record of "
             f"--tuning-logs use default schedules")
-    ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs, dtype=dtype,
-                                   shape_vars=shape_vars)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex, report = build_with_report(mod, target, bn=bn, tuning_logs=logs, dtype=dtype,
+                                       shape_vars=shape_vars)
+    for w in caught:  # a dynamic batch: a progress line; anything else as it came
+        if progress is not None and issubclass(w.category, SymbolicShapeWarning):
+            say(f"warning: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     say(f"[3/3] writing {output}")
     tmp_dir = tempfile.mkdtemp(dir=out_dir, prefix=".topi-bn-")
     try:
