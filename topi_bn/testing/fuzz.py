@@ -632,7 +632,7 @@ def _eager(graph: Graph, x: np.ndarray, dtype: str):
     try:
         return model_of(graph).to(getattr(torch, dtype))(torch.from_numpy(x).to(
             getattr(torch, dtype)))
-    except RuntimeError:
+    except (RuntimeError, NotImplementedError):
         return model_of(graph)(torch.from_numpy(x.copy()))
 
 
