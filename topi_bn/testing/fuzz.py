@@ -630,7 +630,7 @@ def _eager(graph: Graph, x: np.ndarray, dtype: str):
     in ``dtype``: a stricter yardstick)."""
     torch = _torch()
     try:
-        return model_of(graph).to(getattr(torch, dtype))(torch.from_numpy(x).to(
+        return model_of(graph).to(getattr(torch, dtype))(torch.from_numpy(x.copy()).to(
             getattr(torch, dtype)))
     except (RuntimeError, NotImplementedError):
         return model_of(graph)(torch.from_numpy(x.copy()))
