@@ -333,6 +333,16 @@ def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> 
         binding[name] = int(size)
     if binding:
         mod = tvm.relax.transform.BindSymbolicVars(binding)(mod)
+        kept = sorted(gv.name_hint for gv, f in mod.functions_items()
+                      if isinstance(f, tvm.tirx.PrimFunc) and any(
+                          getattr(d, "name", None) in binding
+                          for p in f.params if hasattr(p.ty, "shape") for d in p.ty.shape))
+        if kept:  # TVM's importer wrote TIR kernels for the symbolic shape (an ONNX Pad)
+            raise ValueError(f"shape_vars: the importer's own kernels ({', '.join(kept)}) are "
+                             f"written for the symbolic dimensions and cannot be bound after "
+                             f"import: give the sizes to the importer instead (topi_bn.from_onnx("
+                             f"model, shape_dict={{input name: shape}}); topi-bn compile "
+                             f"--shape-var does)")
     left = [n for n in names if n not in binding]
     if left:
         example = ", ".join(f"{n!r}: 1" for n in left)

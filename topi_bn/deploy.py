@@ -52,10 +52,12 @@ def model_format(path: str, arg: str) -> str:
     return suffix
 
 
-def load_model(path: str, arg: str = "model"):
+def load_model(path: str, arg: str = "model", onnx_dims: Mapping[str, int] | None = None):
     """The Relax module of the model file ``path``.
 
-    ``.onnx``: ``onnx.load`` -> :func:`topi_bn.from_onnx`; ``.pt2``: ``torch.export.load`` ->
+    ``.onnx``: ``onnx.load`` -> :func:`topi_bn.from_onnx`, the inputs' symbolic dimensions named
+    in ``onnx_dims`` set to their sizes first (so that the importer writes every kernel for the
+    static shape); ``.pt2``: ``torch.export.load`` ->
     :func:`topi_bn.from_exported_program` (parameters as constants, the model's outputs only:
     no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
     suffix or a file the reader cannot parse.
@@ -71,6 +73,19 @@ def load_model(path: str, arg: str = "model"):
         except Exception as err:  # noqa: BLE001 -- protobuf raises several kinds
             raise ValueError(f"{arg}: {path!r} is not a readable ONNX model ({_first(err)})") \
                 from err
+        dims = [d for i in model.graph.input for d in i.type.tensor_type.shape.dim
+                if d.HasField("dim_param")]
+        for name in onnx_dims or {}:
+            if name not in {d.dim_param for d in dims}:
+                have = ", ".join(dict.fromkeys(d.dim_param for d in dims)) or "none"
+                raise ValueError(f"shape_vars: {name!r} is not a symbolic dimension of the "
+                                 f"model's inputs (they have: {have})")
+        for name, size in (onnx_dims or {}).items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"shape_vars: {name!r} must be a size >= 1, got {size!r}")
+        for d in dims:
+            if d.dim_param in (onnx_dims or {}):
+                d.dim_value = onnx_dims[d.dim_param]  # replaces the dim_param
         return from_onnx(model)
     import torch
 
@@ -166,7 +181,10 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
         if not os.path.isdir(d):
             raise ValueError(f"tuning_logs: no such directory: {d!r}")
     say(f"[1/3] importing {model}")
-    mod = load_model(model)
+    onnx_file = model_format(model, "model") == ".onnx"
+    mod = load_model(model, onnx_dims=shape_vars if onnx_file else None)
+    if onnx_file:
+        shape_vars = None  # bound at import
     logs = list(tuning_logs) + (["shipped"] if shipped else [])
     key = tuning_log_key(target)
     say(f"[2/3] building for {key} (bn={bn}" + (f", dtype={dtype})" if dtype != "float32"

@@ -284,3 +284,34 @@ def generic_prim_func():
 
     a = te.placeholder((te.var("n"), 4), name="a")
     return te.create_prim_func([a, te.compute(a.shape, lambda i, j: a[i, j] * 2, name="b")])
+
+
+def test_dynamic_batch_with_importer_kernels_is_bound_at_import():
+    """TVM's ONNX importer writes an asymmetric ``F.pad`` of a dynamic-batch model as a TIR
+    kernel of the symbolic shape: binding ``shape_vars`` after import crashed in TVM (an
+    ``InternalError`` from FuseTIR); it is now a one-line error that says to give the shape to
+    the importer, and the importer's ``shape_dict`` builds it (as ``topi-bn compile
+    --shape-var`` does)."""
+    torch = pytest.importorskip("torch")
+    onnx = pytest.importorskip("onnx")
+    import io
+
+    import topi_bn
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1),
+                              torch.nn.ZeroPad2d((1, 2, 2, 1)))
+    x = np.random.default_rng(0).standard_normal((1, 4, 11, 9)).astype("float32")
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net.eval(), (torch.from_numpy(x),), f, dynamo=False, opset_version=17,
+                          input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    proto = onnx.load_from_string(f.getvalue())
+    with pytest.raises(ValueError, match="^shape_vars: the importer's own kernels .* shape_dict"):
+        topi_bn.build(tr.from_onnx(proto), "x86-avx2", shape_vars={"batch": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
+        ex = topi_bn.build(tr.from_onnx(proto, shape_dict={"x": [1, 4, 11, 9]}), "x86-avx2")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    with torch.no_grad():
+        assert_close(out.numpy(), net(torch.from_numpy(x)).numpy(), "float32")

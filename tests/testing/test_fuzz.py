@@ -37,6 +37,7 @@ def test_the_graphs_cover_the_layers_and_configs():
     for i in range(400):
         graph, config = fuzz.case(11, i)
         configs.add((config.importer, config.bn, config.layout, config.dtype))
+        seen |= {"dynamic batch"} if config.dynamic_batch else set()
         shapes = fuzz._shapes(graph)
         for node in graph.nodes:
             ops.add(node.op)
@@ -66,7 +67,7 @@ def test_the_graphs_cover_the_layers_and_configs():
     assert seen >= {"k1", "k3", "k5", "k7", "stride1", "stride2", "dilation", "bias", "shared",
                     "depthwise", "groups", "padding per axis", "bn train", "bn eval",
                     "several outputs", "unused values", "conv", "bn", "input", "nearest",
-                    "bilinear"}
+                    "bilinear", "dynamic batch"}
     assert {c[0] for c in configs} == set(fuzz.IMPORTERS)
     assert {c[1] for c in configs} == set(fuzz.BN_MODES)
     assert {c[2] for c in configs} == set(fuzz.LAYOUTS)

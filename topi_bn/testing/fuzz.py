@@ -9,7 +9,8 @@ batch-norm outputs, block inputs), concat, max / average / global pooling, neare
 upsampling (``F.interpolate``, scale 2), squeeze-excitation
 gates (``x * sigmoid(conv(act(conv(pool(x)))))``), flatten + linear + BatchNorm1d, a conv
 applied twice (shared weights), several outputs and layers whose result is never used. It is imported through ``torch.export`` or ONNX
-(constants, or kept parameters passed as ``params=``), built by :func:`topi_bn.build` in one
+(constants, or kept parameters passed as ``params=``; some with a dynamic batch, bound by
+``shape_vars`` at build), built by :func:`topi_bn.build` in one
 ``bn`` mode, ``layout`` and ``dtype`` (:class:`Config`; a share of the fused and folded builds in
 bfloat16), run, and every output compared with the model run by PyTorch eager in float64: the
 error relative to the output's range must stay within :data:`RELATIVE_TOLERANCE` of the build's
@@ -69,6 +70,8 @@ EAGER_FACTOR = {"float32": 10.0, "bfloat16": 2.0}
 BN_MODES = ("fused", "folded", "unpacked", "opaque")
 #: the share of the fused and folded cases built with ``dtype="bfloat16"``
 BF16_SHARE = 0.3
+#: the share of the ONNX cases exported with a dynamic batch (bound at build)
+DYNAMIC_SHARE = 0.2
 #: activations beside ReLU and ReLU6 (three spellings): node op -> its torch.nn.functional name
 UNARY = {"sigmoid": "sigmoid", "silu": "silu", "hardswish": "hardswish",
          "hardsigmoid": "hardsigmoid", "gelu": "gelu", "leaky_relu": "leaky_relu"}
@@ -116,10 +119,14 @@ class Config:
     layout: str = "auto"
     winograd: bool = True
     dtype: str = "float32"  # topi_bn.build's dtype: "float32" | "bfloat16" (fused, folded)
+    #: ONNX importers: the batch exported as a symbolic dimension ``batch`` (``dynamic_axes``),
+    #: bound to the graph's batch by ``shape_vars`` at build
+    dynamic_batch: bool = False
 
     def __str__(self) -> str:
         return (f"importer={self.importer} bn={self.bn} layout={self.layout} "
-                f"winograd={self.winograd} dtype={self.dtype}")
+                f"winograd={self.winograd} dtype={self.dtype}"
+                + (" dynamic_batch=True" if self.dynamic_batch else ""))
 
 
 @dataclass
@@ -177,7 +184,7 @@ def model_of(graph: Graph):
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.graph = graph
+            self.spec = graph  # not .graph: torch.onnx.export takes that for TorchScript
             self.layers = nn.ModuleDict()
             shapes = _shapes(graph)
             for i, node in enumerate(graph.nodes, 1):
@@ -187,9 +194,9 @@ def model_of(graph: Graph):
 
         def forward(self, x):
             values = [x]
-            for i, node in enumerate(self.graph.nodes, 1):
+            for i, node in enumerate(self.spec.nodes, 1):
                 values.append(self._run_node(i, node, [values[j] for j in node.inputs]))
-            outs = tuple(values[j] for j in self.graph.outputs)
+            outs = tuple(values[j] for j in self.spec.outputs)
             return outs[0] if len(outs) == 1 else outs
 
         def _run_node(self, i, node, xs):
@@ -520,12 +527,15 @@ def random_config(rng: np.random.Generator, graph: Graph) -> Config:
                     winograd=bool(rng.random() < 0.8))
     # drawn last, so that the draws before it (and the configs of older runs) stay as they were
     bf16 = rng.random() < BF16_SHARE and config.bn in BF16_MODES
-    return dataclasses.replace(config, dtype="bfloat16") if bf16 else config
+    dynamic = rng.random() < DYNAMIC_SHARE and config.importer != "torch.export"
+    return dataclasses.replace(config, dtype="bfloat16" if bf16 else config.dtype,
+                               dynamic_batch=dynamic)
 
 
 # -- one case ------------------------------------------------------------------------------------
-def _import(model, x: np.ndarray, importer: str):
-    """(Relax module, params for ``topi_bn.build``) of ``model`` through ``importer``."""
+def _import(model, x: np.ndarray, importer: str, dynamic_batch: bool = False):
+    """(Relax module, params for ``topi_bn.build``) of ``model`` through ``importer`` (ONNX:
+    with a symbolic batch ``batch`` if ``dynamic_batch``)."""
     import topi_bn
 
     torch = _torch()
@@ -537,8 +547,9 @@ def _import(model, x: np.ndarray, importer: str):
 
     f = io.BytesIO()
     training = torch.onnx.TrainingMode.PRESERVE
+    dynamic = dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}}) if dynamic_batch else {}
     torch.onnx.export(model, (xt,), f, dynamo=False, opset_version=17, training=training,
-                      do_constant_folding=importer == "onnx")
+                      do_constant_folding=importer == "onnx", **dynamic)
     proto = onnx.load_from_string(f.getvalue())
     if importer == "onnx":
         return topi_bn.from_onnx(proto), None
@@ -594,7 +605,8 @@ def run_case(graph: Graph, config: Config, target=None) -> Outcome:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod, params = _import(copy.deepcopy(model), x, config.importer)
+            mod, params = _import(copy.deepcopy(model), x, config.importer,
+                                  config.dynamic_batch)
     except Exception as err:  # noqa: BLE001 -- PyTorch's exporters: not what is tested
         if not any("/topi_bn/" in f.filename for f in traceback.extract_tb(err.__traceback__)):
             return Outcome("skip", f"export: {one_line(err, with_type=True, last=True)}",
@@ -603,8 +615,12 @@ def run_case(graph: Graph, config: Config, target=None) -> Outcome:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # a dimension left symbolic would run TVM's generic kernels: a failure here
+            warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
+            shape_vars = {"batch": graph.shape[0]} if config.dynamic_batch else None
             ex = topi_bn.build(mod, target, params=params, bn=config.bn, layout=config.layout,
-                               winograd=config.winograd, dtype=dtype, tuning_logs=None)
+                               winograd=config.winograd, dtype=dtype, tuning_logs=None,
+                               shape_vars=shape_vars)
             vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
             outs = _outputs(vm["main"](tvm.runtime.tensor(x)))
     except Exception as err:  # noqa: BLE001 -- classified below
