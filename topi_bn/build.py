@@ -209,7 +209,9 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         dimension is built correctly but on TVM's generic, unscheduled kernels (ResNet-18 at
         224x224 on a Zen 3: 2.26 s against 13.4 ms), with a :class:`SymbolicShapeWarning`
         naming the dimensions. As ONNX Runtime's free-dimension overrides or OpenVINO's
-        ``reshape``.
+        ``reshape``. A module where TVM's ONNX importer wrote TIR kernels of its own for the
+        symbolic shape (an asymmetric ``Pad``) cannot be bound here (ValueError): give the
+        shape to the importer (``topi_bn.from_onnx(model, shape_dict=...)``).
 
     Returns
     -------
