@@ -37,7 +37,7 @@ from .tuning_db import TuningLogWarning, build_visible_mod, load_logs
 
 __all__ = ["build", "build_with_report", "BuildReport", "schedule_prim_func", "resolve_tuning_logs",
            "shipped_log_dir", "TuningLogWarning", "BN_MODES", "DTYPES", "SymbolicShapeWarning",
-           "bind_shape_vars"]
+           "bind_shape_vars", "check_shape_vars"]
 
 logger = logging.getLogger("topi_bn")
 #: the ``bn`` modes a ``dtype="bfloat16"`` build takes
@@ -314,16 +314,13 @@ class SymbolicShapeWarning(UserWarning):
     """A Relax build whose inputs keep symbolic dimensions: it runs TVM's generic kernels."""
 
 
-def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> tvm.IRModule:
-    """``mod`` with the symbolic dimensions of ``main``'s inputs named in ``shape_vars`` bound
-    to their sizes; a :class:`SymbolicShapeWarning` if some are left (see :func:`build`)."""
-    main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
-    if not isinstance(main, tvm.relax.Function):
-        return mod
-    names = list(dict.fromkeys(v.name for v in tvm.relax.analysis.defined_symbolic_vars(main)))
+def check_shape_vars(shape_vars: Mapping[str, int] | None, names) -> dict[str, int]:
+    """``shape_vars`` as ``{name: size}``, each name one of the model's symbolic input
+    dimensions ``names`` and each size >= 1 (one-line errors naming the argument)."""
     if shape_vars is not None and not isinstance(shape_vars, Mapping):
         raise TypeError(f"shape_vars: expected a dict of dimension name -> size, got "
                         f"{type(shape_vars).__name__}")
+    names = list(dict.fromkeys(names))
     binding = {}
     for name, size in (shape_vars or {}).items():
         if name not in names:
@@ -333,6 +330,17 @@ def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> 
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
             raise ValueError(f"shape_vars: {name!r} must be a size >= 1, got {size!r}")
         binding[name] = int(size)
+    return binding
+
+
+def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> tvm.IRModule:
+    """``mod`` with the symbolic dimensions of ``main``'s inputs named in ``shape_vars`` bound
+    to their sizes; a :class:`SymbolicShapeWarning` if some are left (see :func:`build`)."""
+    main = mod["main"] if "main" in [gv.name_hint for gv in mod.get_global_vars()] else None
+    if not isinstance(main, tvm.relax.Function):
+        return mod
+    names = list(dict.fromkeys(v.name for v in tvm.relax.analysis.defined_symbolic_vars(main)))
+    binding = check_shape_vars(shape_vars, names)
     if binding:
         mod = tvm.relax.transform.BindSymbolicVars(binding)(mod)
         kept = sorted(gv.name_hint for gv, f in mod.functions_items()

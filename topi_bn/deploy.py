@@ -62,7 +62,8 @@ def load_model(path: str, arg: str = "model", onnx_dims: Mapping[str, int] | Non
     no buffer updates). Raises ValueError (naming ``arg``) for a missing file, an unknown
     suffix or a file the reader cannot parse.
     """
-    from .relax import from_exported_program, from_onnx  # the compiler: see the imports
+    from .build import check_shape_vars  # the compiler: see the imports
+    from .relax import from_exported_program, from_onnx
 
     suffix = model_format(path, arg)
     if suffix == ".onnx":
@@ -75,17 +76,10 @@ def load_model(path: str, arg: str = "model", onnx_dims: Mapping[str, int] | Non
                 from err
         dims = [d for i in model.graph.input for d in i.type.tensor_type.shape.dim
                 if d.HasField("dim_param")]
-        for name in onnx_dims or {}:
-            if name not in {d.dim_param for d in dims}:
-                have = ", ".join(dict.fromkeys(d.dim_param for d in dims)) or "none"
-                raise ValueError(f"shape_vars: {name!r} is not a symbolic dimension of the "
-                                 f"model's inputs (they have: {have})")
-        for name, size in (onnx_dims or {}).items():
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"shape_vars: {name!r} must be a size >= 1, got {size!r}")
+        sizes = check_shape_vars(onnx_dims, [d.dim_param for d in dims])
         for d in dims:
-            if d.dim_param in (onnx_dims or {}):
-                d.dim_value = onnx_dims[d.dim_param]  # replaces the dim_param
+            if d.dim_param in sizes:
+                d.dim_value = sizes[d.dim_param]  # replaces the dim_param
         return from_onnx(model)
     import torch
 
