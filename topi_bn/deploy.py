@@ -165,7 +165,7 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
     check_dtype(dtype)
     target = resolve(target, arg_name="target")  # once; passed down as it is
     compiler = library_compiler(target)
-    model_format(model, "model")
+    onnx_file = model_format(model, "model") == ".onnx"
     out_dir = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(out_dir):
         raise ValueError(f"output: folder {out_dir!r} does not exist")
@@ -175,7 +175,6 @@ def compile_model(model: str, output: str, target: Any, bn: str = "fused",
         if not os.path.isdir(d):
             raise ValueError(f"tuning_logs: no such directory: {d!r}")
     say(f"[1/3] importing {model}")
-    onnx_file = model_format(model, "model") == ".onnx"
     mod = load_model(model, onnx_dims=shape_vars if onnx_file else None)
     if onnx_file:
         shape_vars = None  # bound at import

@@ -41,9 +41,9 @@ Blocks (all tagged ``schedule_rule = "topi_bn.conv2d_winograd_nchwc"``): ``pad``
 transform, ``B^T d`` then ``(.) B``; with the weight in pairs ``wino_vb`` in place of
 ``wino_v``: V rounded to bfloat16 as it is made), ``wino_gemm`` (the products, the schedule's
 anchor; reduction ``rco, rci``, or ``rco, rp, rt`` over the pairs), ``wino_out`` and
-``wino_y`` (output transform, ``A^T M`` then ``(.) A``) and ``bn_act``. The tiles are counted over the batch and the map (``N * ceil(OH/m) *
-ceil(OW/m)``) and padded with zero tiles to a multiple of ``tile_block``, the schedule's
-register tile of the products.
+``wino_y`` (output transform, ``A^T M`` then ``(.) A``) and ``bn_act``. The tiles are counted
+over the batch and the map (``N * ceil(OH/m) * ceil(OW/m)``) and padded with zero tiles to a
+multiple of ``tile_block``, the schedule's register tile of the products.
 """
 from __future__ import annotations
 

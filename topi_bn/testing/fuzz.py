@@ -3,15 +3,15 @@
 Each graph is a PyTorch model made of the layers whose graph passes break compilers on real
 models (fusion, folding, the blocked layout, parameter binding): conv2d (kernel 1/3/5/7, stride
 1/2, dilation, groups and depthwise, bias or not, asymmetric padding), conv_transpose2d,
-batch-norm in eval mode with random statistics and in train mode, ReLU / ReLU6 / sigmoid /
-SiLU / hardswish / hardsigmoid / GELU / leaky ReLU / none, residual adds (of raw conv outputs,
+batch-norm in eval mode with random statistics and in train mode, ReLU / ReLU6 / sigmoid / SiLU
+/ hardswish / hardsigmoid / GELU / leaky ReLU / none, residual adds (of raw conv outputs,
 batch-norm outputs, block inputs), concat, max / average / global pooling, nearest and bilinear
-upsampling (``F.interpolate``, scale 2), squeeze-excitation
-gates (``x * sigmoid(conv(act(conv(pool(x)))))``), flatten + linear + BatchNorm1d, a conv
-applied twice (shared weights), several outputs and layers whose result is never used. It is imported through ``torch.export`` or ONNX
-(constants, or kept parameters passed as ``params=``; some with a dynamic batch, bound by
-``shape_vars`` at build), built by :func:`topi_bn.build` in one
-``bn`` mode, ``layout`` and ``dtype`` (:class:`Config`; a share of the fused and folded builds in
+upsampling (``F.interpolate``, scale 2), squeeze-excitation gates
+(``x * sigmoid(conv(act(conv(pool(x)))))``), flatten + linear + BatchNorm1d, a conv applied twice
+(shared weights), several outputs and layers whose result is never used. It is imported through
+``torch.export`` or ONNX (constants, or kept parameters passed as ``params=``; some with a
+dynamic batch, bound by ``shape_vars`` at build), built by :func:`topi_bn.build` in one ``bn``
+mode, ``layout`` and ``dtype`` (:class:`Config`; a share of the fused and folded builds in
 bfloat16), run, and every output compared with the model run by PyTorch eager in float64: the
 error relative to the output's range must stay within :data:`RELATIVE_TOLERANCE` of the build's
 dtype, or, where the output is ill-conditioned (a value that cancels to nearly zero, such as the
