@@ -209,9 +209,8 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
         dimension is built correctly but on TVM's generic, unscheduled kernels (ResNet-18 at
         224x224 on a Zen 3: 2.26 s against 13.4 ms), with a :class:`SymbolicShapeWarning`
         naming the dimensions. As ONNX Runtime's free-dimension overrides or OpenVINO's
-        ``reshape``. A module where TVM's ONNX importer wrote TIR kernels of its own for the
-        symbolic shape (an asymmetric ``Pad``) cannot be bound here (ValueError): give the
-        shape to the importer (``topi_bn.from_onnx(model, shape_dict=...)``).
+        ``reshape``. The kernels TVM's ONNX importer writes for a symbolic shape (an asymmetric
+        ``Pad``) are specialized to the sizes too.
 
     Returns
     -------
@@ -343,16 +342,7 @@ def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> 
     binding = check_shape_vars(shape_vars, names)
     if binding:
         mod = tvm.relax.transform.BindSymbolicVars(binding)(mod)
-        kept = sorted(gv.name_hint for gv, f in mod.functions_items()
-                      if isinstance(f, tvm.tirx.PrimFunc) and any(
-                          getattr(d, "name", None) in binding
-                          for p in f.params if hasattr(p.ty, "shape") for d in p.ty.shape))
-        if kept:  # TVM's importer wrote TIR kernels for the symbolic shape (an ONNX Pad)
-            raise ValueError(f"shape_vars: the importer's own kernels ({', '.join(kept)}) are "
-                             f"written for the symbolic dimensions and cannot be bound after "
-                             f"import: give the sizes to the importer instead (topi_bn.from_onnx("
-                             f"model, shape_dict={{input name: shape}}); topi-bn compile "
-                             f"--shape-var does)")
+        mod = _bind_prim_funcs(mod, binding)
     left = [n for n in names if n not in binding]
     if left:
         example = ", ".join(f"{n!r}: 1" for n in left)
@@ -361,6 +351,38 @@ def bind_shape_vars(mod: tvm.IRModule, shape_vars: Mapping[str, int] | None) -> 
                       f"kernels (ResNet-18: 160x slower); bind them with shape_vars={{{example}}} "
                       f"(topi-bn compile --shape-var NAME=SIZE)", SymbolicShapeWarning,
                       stacklevel=4)
+    return mod
+
+
+def _bind_prim_funcs(mod: tvm.IRModule, binding: Mapping[str, int]) -> tvm.IRModule:
+    """``mod`` with the PrimFuncs that TVM's ONNX importer wrote for the symbolic shape (an
+    asymmetric ``Pad``; the ``maximum`` / ``minimum`` of its arithmetic) specialized to the
+    sizes ``BindSymbolicVars`` gave their Relax callers: each parameter whose shape has a bound
+    dimension is replaced by a static buffer (``PrimFunc.specialize``, which substitutes the
+    dimension in the whole function). Left generic, TVM's FuseTIR failed on them (an
+    ``InternalError``: ``Inconsistent buffers ... mapped to the same relax var``)."""
+    def bound(dim):
+        return isinstance(dim, tvm.tirx.Var) and dim.name in binding
+
+    updates = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        for i in range(len(func.params)):
+            ty = func.params[i].ty
+            if not any(bound(d) for d in getattr(ty, "shape", ())):
+                continue
+            shape = [tvm.tirx.IntImm(d.ty.dtype, binding[d.name]) if bound(d) else d
+                     for d in ty.shape]
+            buf = tvm.tirx.decl_buffer(shape, ty.dtype, name=func.params[i].name)
+            func = func.specialize({func.params[i]: buf})
+        if not func.same_as(mod[gv]):
+            updates[gv] = func
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod.update_func(gv, func)
     return mod
 
 
