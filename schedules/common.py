@@ -21,7 +21,7 @@ __all__ = [
     "ScheduleRule", "ANCHORS", "RULE_PREFIX", "CPU_ONLY_OPS", "OUTPUT_BLOCKS", "op_of",
     "is_anchor", "block_rule", "base_name", "block_names", "topi_bn_blocks", "has_topi_bn_blocks",
     "op_blocks", "stats_blocks", "inline_consumers", "reads_at_every_point", "strip_rules",
-    "sole_reduction",
+    "sole_reduction", "root_blocks",
 ]
 
 RULE_PREFIX = "topi_bn."
@@ -215,10 +215,20 @@ def reads_at_every_point(sch: tvm.s_tir.Schedule, producer, consumer) -> bool:
                if not (isinstance(iv.dom.extent, tvm.tirx.IntImm) and iv.dom.extent.value == 1))
 
 
+def root_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list:
+    """The blocks under the function's root block, in program order; none when its body is not
+    a block. The root is usually named ``root``, but not always: TVM's generic ``cumsum``
+    (RoBERTa's position ids) is one block ``cumsum_generic`` holding plain loops, on which
+    ``get_sblock("root")`` raised a ``ScheduleError`` out of the build."""
+    body = sch.mod[func_name].body
+    if not isinstance(body, tvm.s_tir.stmt.SBlockRealize):
+        return []
+    return list(sch.get_child_blocks(sch.get_sblock(body.block.name_hint, func_name)))
+
+
 def block_names(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[str]:
     """Names of the blocks under the function's root block, in program order."""
-    root = sch.get_sblock("root", func_name)
-    return [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
+    return [sch.get(b).name_hint for b in root_blocks(sch, func_name)]
 
 
 def topi_bn_blocks(sch: tvm.s_tir.Schedule, func_name: str = "main") -> list[tuple[str, object]]:
@@ -254,7 +264,7 @@ def sole_reduction(sch: tvm.s_tir.Schedule):
     children (iter types: 0 spatial, 2 reduction), or None when it has none or several: what
     the schedules of TVM's own ops (:mod:`.cpu_dense`, :mod:`.cpu_pool`) start matching from."""
     found = []
-    for b in sch.get_child_blocks(sch.get_sblock("root")):
+    for b in root_blocks(sch):
         kinds = [int(iv.iter_type) for iv in sch.get(b).iter_vars]
         if 2 in kinds:  # CommReduce
             found.append((b, kinds))

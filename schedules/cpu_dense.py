@@ -70,7 +70,7 @@ import tvm
 from tvm.target import Target
 from tvm.tirx import IndexMap
 
-from .common import ScheduleRule, sole_reduction
+from .common import ScheduleRule, root_blocks, sole_reduction
 from .helpers import cpu_params, vector_width
 
 __all__ = ["Gemm", "Matvec", "Product", "product_block", "register_tile", "schedule_gemm",
@@ -443,10 +443,8 @@ def _epilogue_block(sch: tvm.s_tir.Schedule, b):
     block between inlined into it (a GELU reads the bias-added product twice); a copy block
     (``cache_write``) when the product is the output; None when the blocks after it do not fit
     (a reduction, two outputs)."""
-    root = sch.get_sblock("root")
-
     def after():
-        blocks = list(sch.get_child_blocks(root))
+        blocks = root_blocks(sch)
         at = next(i for i, c in enumerate(blocks) if sch.get(c).same_as(sch.get(b)))
         return blocks[at + 1:]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-from .common import ScheduleRule, block_rule
+from .common import ScheduleRule, block_rule, root_blocks
 from .helpers import cpu_params, vector_width
 
 __all__ = ["Elementwise", "schedule_elementwise", "elementwise_blocks", "PARALLEL_ELEMENTS"]
@@ -36,7 +36,7 @@ def elementwise_blocks(sch: tvm.s_tir.Schedule) -> list:
     """The untagged all-spatial blocks with static extents under the function's root, in
     program order."""
     found = []
-    for b in sch.get_child_blocks(sch.get_sblock("root")):
+    for b in root_blocks(sch):
         block = sch.get(b)
         if block_rule(sch, b) is not None or block.init is not None:
             continue

@@ -20,7 +20,7 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-from .common import ScheduleRule
+from .common import ScheduleRule, root_blocks
 
 __all__ = ["LayoutTransform", "schedule_layout_transform", "copy_block", "MIN_ELEMENTS"]
 
@@ -31,7 +31,7 @@ MIN_ELEMENTS = 4096
 def copy_block(sch: tvm.s_tir.Schedule):
     """``(block, blocked_shape)`` of the function's one NCHW <-> NCHW[cb]c copy, with the 5-D
     shape of its blocked side, or None."""
-    children = sch.get_child_blocks(sch.get_sblock("root"))
+    children = root_blocks(sch)
     if len(children) != 1:
         return None
     b = children[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm.target import Target
 
-from .common import ScheduleRule, block_rule
+from .common import ScheduleRule, block_rule, root_blocks
 from .helpers import cpu_params, vector_width
 
 __all__ = ["RowReduce", "schedule_rows"]
@@ -47,8 +47,7 @@ def _kinds(sch, b) -> list[int]:
 def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is matched (module docstring); returns whether
     it did."""
-    root = sch.get_sblock("root")
-    blocks = list(sch.get_child_blocks(root))
+    blocks = root_blocks(sch)
     if len(blocks) < 2 or any(block_rule(sch, b) is not None for b in blocks):
         return False
     out = blocks[-1]
@@ -81,7 +80,7 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     p = cpu_params(target)
     if p.cores > 1:
         sch.parallel(row)
-    rest = [b for b in sch.get_child_blocks(root) if not sch.get(b).same_as(sch.get(out))]
+    rest = [b for b in root_blocks(sch) if not sch.get(b).same_as(sch.get(out))]
     for b in reversed(rest):
         sch.compute_at(b, row, preserve_unit_loops=False)
     width = vector_width(shape[-1], p.lanes)

@@ -286,12 +286,14 @@ def generic_prim_func():
     return te.create_prim_func([a, te.compute(a.shape, lambda i, j: a[i, j] * 2, name="b")])
 
 
-def test_dynamic_batch_with_importer_kernels_is_bound_at_import():
+@pytest.mark.parametrize("keep_params", [False, True])
+def test_dynamic_batch_with_importer_kernels_is_specialized(keep_params):
     """TVM's ONNX importer writes an asymmetric ``F.pad`` of a dynamic-batch model as a TIR
-    kernel of the symbolic shape: binding ``shape_vars`` after import crashed in TVM (an
-    ``InternalError`` from FuseTIR); it is now a one-line error that says to give the shape to
-    the importer, and the importer's ``shape_dict`` builds it (as ``topi-bn compile
-    --shape-var`` does)."""
+    kernel of the symbolic shape (and with the parameters kept as inputs, the ``maximum`` /
+    ``minimum`` of its arithmetic): binding ``shape_vars`` after import crashed in TVM (an
+    ``InternalError`` from FuseTIR; a one-line refusal since); those kernels are now
+    specialized to the bound sizes, and the build is right at each batch, as the importer's
+    own ``shape_dict`` build is."""
     torch = pytest.importorskip("torch")
     onnx = pytest.importorskip("onnx")
     import io
@@ -299,19 +301,63 @@ def test_dynamic_batch_with_importer_kernels_is_bound_at_import():
     import topi_bn
 
     net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1),
-                              torch.nn.ZeroPad2d((1, 2, 2, 1)))
-    x = np.random.default_rng(0).standard_normal((1, 4, 11, 9)).astype("float32")
+                              torch.nn.ZeroPad2d((1, 2, 2, 1))).eval()
+    rng = np.random.default_rng(0)
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net.eval(), (torch.from_numpy(x),), f, dynamo=False, opset_version=17,
+        torch.onnx.export(net, (torch.zeros(1, 4, 11, 9),), f, dynamo=False, opset_version=17,
                           input_names=["x"], dynamic_axes={"x": {0: "batch"}})
     proto = onnx.load_from_string(f.getvalue())
-    with pytest.raises(ValueError, match="^shape_vars: the importer's own kernels .* shape_dict"):
-        topi_bn.build(tr.from_onnx(proto), "x86-avx2", shape_vars={"batch": 1})
+    mod, params = relax.frontend.detach_params(
+        tr.from_onnx(proto, keep_params_in_input=keep_params))
+    generic = [gv.name_hint for gv, fn in mod.functions_items()
+               if isinstance(fn, tvm.tirx.PrimFunc)]
+    assert generic  # else this model no longer tests the importer's own kernels
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 4, 11, 9)).astype("float32")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
+            ex = topi_bn.build(mod, "x86-avx2", shape_vars={"batch": batch},
+                               params=params or None)
+            static = topi_bn.build(tr.from_onnx(proto, shape_dict={"x": list(x.shape)}),
+                                   "x86-avx2")
+        with torch.no_grad():
+            ref = net(torch.from_numpy(x)).numpy()
+        for built in (ex, static):
+            out = relax.VirtualMachine(built, tvm.cpu())["main"](tvm.runtime.tensor(x))
+            out = out if isinstance(out, tvm.runtime.Tensor) else out[0]
+            assert_close(out.numpy(), ref, "float32")
+
+
+# ----------------------------------------------------------------------- TVM's generic kernels
+
+@pytest.mark.parametrize("bn", ["fused", "folded"])
+def test_cumsum_position_ids_build(bn):
+    """RoBERTa's position ids (``cumsum`` of the tokens' padding mask): TVM lowers ``cumsum``
+    to a kernel whose root block is named ``cumsum_generic``, not ``root``, and every topi-bn
+    rule that looked the root up by name raised a ``ScheduleError`` out of the build."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, 8, padding_idx=1)
+            self.norm = torch.nn.LayerNorm(8)
+
+        def forward(self, ids):
+            mask = ids.ne(1).int()
+            pos = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+            return self.norm(self.embed(ids) + self.embed(pos))
+
+    net = Positions().eval()
+    ids = torch.tensor([[5, 7, 1, 9, 1, 1, 3, 4]])
     with warnings.catch_warnings():
-        warnings.simplefilter("error", topi_bn.SymbolicShapeWarning)
-        ex = topi_bn.build(tr.from_onnx(proto, shape_dict={"x": [1, 4, 11, 9]}), "x86-avx2")
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (ids,))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2", bn=bn)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(ids.numpy()))
+    out = out if isinstance(out, tvm.runtime.Tensor) else out[0]
     with torch.no_grad():
-        assert_close(out.numpy(), net(torch.from_numpy(x)).numpy(), "float32")
+        assert_close(out.numpy(), net(ids).numpy(), "float32")

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from topi_bn.schedules.common import root_blocks
 from topi_bn.schedules.cpu_dense import CONSTANT_PARAMS, PACKED_WEIGHT, pack_panels
 
 from .analysis import constant_value
@@ -90,7 +91,7 @@ class MarkConstantParams:
 def _packed_weight(func: tvm.tirx.PrimFunc):
     """``(param position, nr)`` of the block of ``func`` annotated ``PACKED_WEIGHT``, or None."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    for block in sch.get_child_blocks(sch.get_sblock("root")):  # the Gemm nests no blocks
+    for block in root_blocks(sch):  # the Gemm nests no blocks
         note = sch.get(block).annotations.get(PACKED_WEIGHT)
         if note is not None:
             return tuple(int(v) for v in note)
