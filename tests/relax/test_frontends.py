@@ -361,3 +361,29 @@ def test_cumsum_position_ids_build(bn):
     out = out if isinstance(out, tvm.runtime.Tensor) else out[0]
     with torch.no_grad():
         assert_close(out.numpy(), net(ids).numpy(), "float32")
+
+
+def test_cat_skips_an_empty_1d_tensor_as_pytorch_does():
+    """``torch.cat`` skips a 1-D tensor of size 0 among tensors of more dimensions (a
+    Hugging Face decoder's empty key/value cache, GPT-2 with ``use_cache=True``); TVM's
+    importer refused it (``Concat expects all input tensors to have same ndim``)."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Cache(torch.nn.Module):
+        def forward(self, k):
+            empty = torch.tensor([], dtype=k.dtype)
+            return torch.cat([empty, k], dim=-2) * 2, torch.cat([k, empty, k], dim=1)
+
+    net = Cache().eval()
+    k = torch.randn(1, 2, 5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (k,))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(k.numpy()))
+    with torch.no_grad():
+        refs = net(k)
+    assert len(outs) == 2
+    for out, ref in zip(outs, refs):
+        assert_close(out.numpy(), ref.numpy(), "float32")

@@ -315,6 +315,26 @@ class _SignatureView:
         return getattr(self._ep, name)
 
 
+def _cat_skipping_empty(node, importer) -> relax.Var:
+    """``aten.cat`` as PyTorch computes it: a 1-D tensor of size 0 among tensors of more
+    dimensions is skipped (PyTorch's legacy rule). Hugging Face's decoders (GPT-2, with the
+    default ``use_cache=True``) concatenate each layer's keys and values onto such an empty
+    cache; TVM's ``concat`` refused it (``Concat expects all input tensors to have same
+    ndim``), so the model did not import."""
+    args = importer.retrieve_args(node)
+    axis = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+
+    def empty_1d(t):
+        shape = importer.shape_of(t)
+        return len(shape) == 1 and isinstance(shape[0], tvm.tirx.IntImm) and shape[0].value == 0
+
+    tensors = list(args[0])
+    kept = [t for t in tensors if not empty_1d(t)]
+    if kept and len(kept) < len(tensors) and any(len(importer.shape_of(t)) != 1 for t in kept):
+        tensors = kept
+    return importer.block_builder.emit(relax.op.concat(tensors, axis=axis))
+
+
 def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
                           **kwargs: Any) -> tvm.IRModule:
     """``tvm.relax.frontend.torch.from_exported_program`` with train-mode batch-norm fixed.
@@ -345,6 +365,7 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     run_decompositions = kwargs.pop("run_ep_decomposition", True)
     convert = dict(kwargs.pop("custom_convert_map", None) or {})
     convert.setdefault("_native_batch_norm_legit_functional.default", _bn_functional)
+    convert.setdefault("cat.default", _cat_skipping_empty)
     flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
              kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
