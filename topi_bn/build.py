@@ -82,8 +82,10 @@ def resolve_tuning_logs(tuning_logs, target) -> list[str]:
     return list(dict.fromkeys(user + shipped))
 
 
-def _reporting_database(inner, target):
-    """Wrap ``inner`` so that a query for a topi-bn PrimFunc with no record is logged."""
+def _reporting_database(loaded, target):
+    """The database of the records in ``loaded`` (:class:`~topi_bn.tuning_db.LoadedLogs`),
+    parsing a workload's records when it is first asked for; a query for a topi-bn PrimFunc
+    with no record is logged."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.database import PyDatabase
 
@@ -91,7 +93,7 @@ def _reporting_database(inner, target):
     class ReportingDatabase(PyDatabase):
         def __init__(self):
             super().__init__()
-            self.inner = inner
+            self.inner = loaded.database
             self.missing: list[str] = []
             self.applied: list[str] = []
 
@@ -107,6 +109,7 @@ def _reporting_database(inner, target):
             return found
 
         def has_workload(self, mod):
+            loaded.prepare(mod)
             return self.inner.has_workload(mod)
 
         def commit_workload(self, mod):
@@ -119,21 +122,26 @@ def _reporting_database(inner, target):
             return self.inner.get_top_k(workload, top_k)
 
         def get_all_tuning_records(self):
+            loaded.prepare_all()
             return self.inner.get_all_tuning_records()
 
         def query_tuning_record(self, mod, target, workload_name):
+            loaded.prepare(mod)
             return self._note(self.inner.query_tuning_record(mod, target, workload_name), mod,
                               workload_name)
 
         def query_schedule(self, mod, target, workload_name):
+            loaded.prepare(mod)
             return self._note(self.inner.query_schedule(mod, target, workload_name), mod,
                               workload_name)
 
         def query_ir_module(self, mod, target, workload_name):
+            loaded.prepare(mod)
             return self._note(self.inner.query_ir_module(mod, target, workload_name), mod,
                               workload_name)
 
         def __len__(self):
+            loaded.prepare_all()
             return len(self.inner)
 
     return ReportingDatabase()
@@ -232,7 +240,7 @@ def build(mod_or_primfunc, target, params: Mapping[str, Any] | None = None, bn: 
             raise ValueError(f"dtype: only a Relax module is converted; a PrimFunc is built in "
                              f"the dtypes it is written in (got dtype={dtype!r})")
         loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
-        return _build_prim_func(func, target, _reporting_database(loaded.database, target))
+        return _build_prim_func(func, target, _reporting_database(loaded, target))
     return _build_relax(mod_or_primfunc, target, params, bn, tuning_logs, layout, winograd,
                         dtype, shape_vars)[0]
 
@@ -390,7 +398,7 @@ def _build_relax(mod, target, params, bn, tuning_logs, layout, winograd, dtype="
                  shape_vars=None):
     mod = bind_shape_vars(mod, shape_vars)
     log_dirs = resolve_tuning_logs(tuning_logs, target)
-    db = _reporting_database(load_logs(log_dirs, target).database, target)
+    db = _reporting_database(load_logs(log_dirs, target), target)
     bf16 = dtype == "bfloat16"
     mod, bn_report = modes.apply_bn_mode(mod, bn, params, target, return_report=True,
                                          weight_rounding="bfloat16" if bf16 else None)
@@ -406,7 +414,7 @@ def schedule_prim_func(func, target, tuning_logs="shipped") -> tuple[tvm.IRModul
     record (rather than the default schedule) made it."""
     target = resolve(target)
     loaded = load_logs(resolve_tuning_logs(tuning_logs, target), target)
-    return _schedule_prim_func(func, target, _reporting_database(loaded.database, target))
+    return _schedule_prim_func(func, target, _reporting_database(loaded, target))
 
 
 def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:

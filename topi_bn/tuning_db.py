@@ -7,7 +7,9 @@ A tuning log is a MetaSchedule JSON database directory::
     <dir>/topi_bn_tuning.json           what ``topi-bn tune`` has finished (its resume manifest)
 
 Reading (:func:`load_logs`) parses the files line by line into an in-memory
-``ms.database.MemoryDatabase``; the files are opened read-only, so a build never changes a log.
+``ms.database.MemoryDatabase``, a workload's records when a build first asks for that workload
+(:class:`LoadedLogs`: parsing a record replays its trace); the files are opened read-only, so a
+build never changes a log.
 ``_parse_log`` is the one parser of a log: :func:`drop_records` reads through it too.
 A missing, empty, truncated or corrupt file gives a :class:`TuningLogWarning` naming the file and
 the lines that were skipped; the other records still load.
@@ -73,26 +75,58 @@ class TuningLogWarning(UserWarning):
 
 @dataclass
 class LoadedLogs:
-    """Records of one or more logs, merged into one in-memory database.
+    """Records of one or more logs, merged into one in-memory database as builds ask for them.
+
+    Parsing a record replays its trace on its workload (about 10 ms each: the 2054 records of
+    the shipped x86-avx2 log took 20 s on a Zen 3), and a build needs the records of the few
+    dozen kernels it compiles. So reading a log parses its workloads and checks its record
+    lines, and the records of a workload are parsed the first time a build asks for it
+    (:meth:`prepare`, which the build's database calls before every query).
 
     Attributes
     ----------
     database : ms.database.MemoryDatabase
-        The records that apply to the target.
+        The records parsed so far that apply to the target.
     sources : list of str
         The log directories read, in priority order.
     num_records : int
-        Records in ``database``.
+        Records that apply to the target (parses them all).
     skipped : dict
         Per log directory, how many records were dropped because an earlier log had the workload
         (``"shadowed"``), they were for another target (``"other_target"``) or failed
-        (``"failed"``).
+        (``"failed"``) (parses them all).
     """
 
     database: object
     sources: list[str] = field(default_factory=list)
-    num_records: int = 0
-    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    target: object = None
+    # structural hash of a workload -> [(log dir, workload, record lines)], in priority order
+    pending: dict = field(default_factory=dict, repr=False)
+    counts: dict = field(default_factory=dict, repr=False)
+    parsed: int = 0
+
+    def prepare(self, mod) -> None:
+        """Parse and commit the records of ``mod``'s workload (once)."""
+        import tvm_ffi
+
+        entries = self.pending.pop(tvm_ffi.structural_hash(mod), None)
+        for log_dir, workload, lines in entries or ():
+            _commit_records(self, log_dir, workload, lines)
+
+    def prepare_all(self) -> None:
+        while self.pending:
+            for log_dir, workload, lines in self.pending.pop(next(iter(self.pending))):
+                _commit_records(self, log_dir, workload, lines)
+
+    @property
+    def num_records(self) -> int:
+        self.prepare_all()
+        return self.parsed
+
+    @property
+    def skipped(self) -> dict[str, dict[str, int]]:
+        self.prepare_all()
+        return self.counts
 
 
 def _warn(msg: str) -> None:
@@ -200,10 +234,9 @@ def _parse_log(log_dir: str, strict: bool = False,
         rec = idx = None
         if line.strip():
             try:
-                idx, rec_json = json.loads(line)
+                idx, _rec_json = json.loads(line)
                 if idx in chosen:
-                    register_record_intrinsics(line)
-                    rec = ms.database.TuningRecord.from_json(rec_json, chosen[idx])
+                    rec = _parse_record(line, chosen[idx])
                 elif not strict and idx not in workloads:
                     raise ValueError(f"no workload {idx}")
             except Exception:
@@ -217,17 +250,13 @@ def _parse_log(log_dir: str, strict: bool = False,
     return _ParsedLog(workloads, records)
 
 
-def _load_one(log_dir: str):
-    """One log directory's usable records: ``[(workload, [record, ...]), ...]`` grouped by
-    workload line (lenient :func:`_parse_log`)."""
-    parsed = _parse_log(log_dir)
-    if parsed is None:
-        return []
-    grouped: dict[int, list] = {}
-    for _line, rec, idx in parsed.records:
-        if rec is not None:
-            grouped.setdefault(idx, []).append(rec)
-    return [(parsed.workloads[i], recs) for i, recs in grouped.items()]
+def _parse_record(line: str, workload):
+    """The ``TuningRecord`` of one line of a record file (its trace replayed on ``workload``,
+    after registering the tensor intrinsics the trace names)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    register_record_intrinsics(line)
+    return ms.database.TuningRecord.from_json(json.loads(line)[1], workload)
 
 
 def _lines(nums: list[int]) -> str:
@@ -296,35 +325,63 @@ def load_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
 
 
 def _read_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
-    """Parse the logs in ``log_dirs`` (highest priority first) into one in-memory database."""
+    """Read the logs in ``log_dirs`` (highest priority first): their workloads, and their
+    record lines grouped by workload, to be parsed when a build asks (:class:`LoadedLogs`)."""
+    import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    db = ms.database.MemoryDatabase()
-    out = LoadedLogs(database=db, sources=list(log_dirs))
+    out = LoadedLogs(database=ms.database.MemoryDatabase(), sources=list(log_dirs),
+                     target=target)
     for log_dir in log_dirs:
-        skipped = {"shadowed": 0, "other_target": 0, "failed": 0}
-        for workload, records in _load_one(log_dir):
-            usable = []
-            for rec in records:
-                if not record_applies(rec.target, target) or \
-                        not trace_runs_on(rec.trace, target.target):
-                    skipped["other_target"] += 1
-                elif run_time(rec) >= _FAILED_SECS:
-                    skipped["failed"] += 1
-                else:
-                    usable.append(rec)
-            if not usable:
-                continue
-            if db.has_workload(workload.mod):  # an earlier (higher-priority) log has it
-                skipped["shadowed"] += len(usable)
-                continue
-            committed = db.commit_workload(workload.mod)
-            for rec in usable:
-                db.commit_tuning_record(ms.database.TuningRecord(
-                    rec.trace, committed, rec.run_secs, rec.target, rec.args_info))
-                out.num_records += 1
-        out.skipped[log_dir] = skipped
+        out.counts[log_dir] = {"shadowed": 0, "other_target": 0, "failed": 0}
+        parsed = _parse_log(log_dir, select=lambda _workload: False)
+        if parsed is None:
+            continue
+        grouped: dict[int, list[str]] = {}
+        for line, _rec, idx in parsed.records:
+            if idx is not None:
+                grouped.setdefault(idx, []).append(line)
+        for idx, lines in grouped.items():
+            workload = parsed.workloads[idx]
+            out.pending.setdefault(tvm_ffi.structural_hash(workload.mod), []).append(
+                (log_dir, workload, lines))
     return out
+
+
+def _commit_records(out: LoadedLogs, log_dir: str, workload, lines: list[str]) -> None:
+    """Parse one workload's record ``lines`` of ``log_dir`` and commit those that apply to
+    ``out.target`` (unless an earlier log committed the workload)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    counts = out.counts[log_dir]
+    usable, bad = [], 0
+    for line in lines:
+        try:
+            rec = _parse_record(line, workload)
+        except Exception:  # noqa: BLE001 -- a trace that does not replay on its workload
+            bad += 1
+            continue
+        if not record_applies(rec.target, out.target) or \
+                not trace_runs_on(rec.trace, out.target.target):
+            counts["other_target"] += 1
+        elif run_time(rec) >= _FAILED_SECS:
+            counts["failed"] += 1
+        else:
+            usable.append(rec)
+    if bad:
+        _warn(f"tuning log {os.path.join(log_dir, RECORD_FILE)}: skipped {bad} record(s) whose "
+              f"trace does not replay on its workload")
+    db = out.database
+    if not usable:
+        return
+    if db.has_workload(workload.mod):  # an earlier (higher-priority) log has it
+        counts["shadowed"] += len(usable)
+        return
+    committed = db.commit_workload(workload.mod)
+    for rec in usable:
+        db.commit_tuning_record(ms.database.TuningRecord(
+            rec.trace, committed, rec.run_secs, rec.target, rec.args_info))
+        out.parsed += 1
 
 
 # -- writing ----------------------------------------------------------------------------------

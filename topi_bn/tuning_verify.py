@@ -108,7 +108,9 @@ def _arguments(workload, func, dtype: str) -> list:
 
 def _records(log_dir: str, mod, target) -> list:
     """The log's records of ``mod`` that apply to ``target``, fastest first."""
-    db = load_logs([log_dir], target).database
+    loaded = load_logs([log_dir], target)
+    loaded.prepare(mod)
+    db = loaded.database
     if not db.has_workload(mod):
         return []
     return list(db.get_top_k(db.commit_workload(mod), 1 << 30))

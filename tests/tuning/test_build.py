@@ -128,6 +128,30 @@ def test_records_for_other_targets_are_not_applied(log_dir, func):
     assert schedule_prim_func(func, SAME_KEY_TARGET, tuning_logs=log_dir)[1]
 
 
+def test_a_build_parses_only_the_records_it_asks_for(tmp_path):
+    """Reading a log parses its workloads; a record (whose parse replays its trace: the
+    shipped x86-avx2 log's 2054 records took 20 s) is parsed when a build first asks for its
+    workload, so a build pays for its own kernels only."""
+    from topi_bn.build import schedule_prim_func, shipped_log_dir
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import workload_prim_func
+    from topi_bn.tuning_db import load_logs
+
+    import shutil
+
+    t = resolve_target("x86-avx2")
+    shipped = str(tmp_path / "log")  # a copy: a read of its own, not one another test parsed
+    shutil.copytree(shipped_log_dir(t), shipped)
+    loaded = load_logs([shipped], t)
+    waiting = len(loaded.pending)
+    assert waiting > 100 and loaded.database.get_all_tuning_records() == []
+    func = workload_prim_func("resnet50.conv1x1_64_64_56_s1_relu", target=t)
+    assert schedule_prim_func(func, t, tuning_logs=shipped)[1]  # its record applied
+    assert load_logs([shipped], t) is loaded and len(loaded.pending) == waiting - 1
+    assert len(loaded.database.get_all_tuning_records()) >= 1
+    assert loaded.num_records > 100 and not loaded.pending  # counting parses them all
+
+
 @pytest.mark.requires("avx2")
 def test_user_log_wins_over_later_logs(tmp_path, log_dir, func):
     """For a workload present in several logs, the records come from the first log only."""
