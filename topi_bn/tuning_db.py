@@ -103,7 +103,7 @@ class LoadedLogs:
     # structural hash of a workload -> [(log dir, workload, record lines)], in priority order
     pending: dict = field(default_factory=dict, repr=False)
     counts: dict = field(default_factory=dict, repr=False)
-    parsed: int = 0
+    committed: int = 0  # records committed to the database so far
 
     def prepare(self, mod) -> None:
         """Parse and commit the records of ``mod``'s workload (once)."""
@@ -121,7 +121,7 @@ class LoadedLogs:
     @property
     def num_records(self) -> int:
         self.prepare_all()
-        return self.parsed
+        return self.committed
 
     @property
     def skipped(self) -> dict[str, dict[str, int]]:
@@ -381,7 +381,7 @@ def _commit_records(out: LoadedLogs, log_dir: str, workload, lines: list[str]) -
     for rec in usable:
         db.commit_tuning_record(ms.database.TuningRecord(
             rec.trace, committed, rec.run_secs, rec.target, rec.args_info))
-        out.parsed += 1
+        out.committed += 1
 
 
 # -- writing ----------------------------------------------------------------------------------
