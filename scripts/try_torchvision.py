@@ -1,4 +1,4 @@
-"""Build torchvision models with topi-bn as a user would, and compare with PyTorch in float64.
+"""Build torchvision (and Hugging Face) models with topi-bn as a user would, and compare with PyTorch in float64.
 
 Each model (random weights, batch-norm statistics randomized as in the tests) is exported by
 ``torch.export`` or ``torch.onnx.export`` (TorchScript exporter), imported with
@@ -14,6 +14,11 @@ process of its own, so one crash does not end the run.
     python scripts/try_torchvision.py --models swin_t,efficientnet_b0 --paths export,onnx
     python scripts/try_torchvision.py --models resnet50 --dtype bfloat16 --bn fused,folded
     python scripts/try_torchvision.py --models convnext_tiny --target arm
+    python scripts/try_torchvision.py --models hf:bert,hf:gpt2,hf:mobilevit --paths export,onnx
+
+``hf:NAME`` is a Hugging Face ``transformers`` model of :data:`HF_MODELS` (``pip install
+transformers``; two layers, random weights, 64 token ids or a picture), judged on its
+``last_hidden_state``.
 
 Needs ``torchvision`` (``pip install --no-deps torchvision==0.28.0`` beside torch 2.13.0; that
 wheel's compiled ops were built against the CUDA build of torch and fail to register with the
@@ -67,12 +72,62 @@ def _import_torchvision():
     return models
 
 
-def _model(name: str, size: int, train: bool):
-    from topi_bn.bench.networks import torchvision_model
+#: Hugging Face ``transformers`` models (``--models hf:bert,...``): config class, model class,
+#: config changes (two layers: the graph of a deep model repeats), input ("text": 64 token
+#: ids; "image": a picture of ``--size`` pixels or the model's own). Random weights.
+HF_MODELS = {
+    "bert": ("BertConfig", "BertModel", {"num_hidden_layers": 2}, "text"),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", {"n_layers": 2}, "text"),
+    "gpt2": ("GPT2Config", "GPT2Model", {"n_layer": 2}, "text"),
+    "roberta": ("RobertaConfig", "RobertaModel", {"num_hidden_layers": 2}, "text"),
+    "albert": ("AlbertConfig", "AlbertModel", {"num_hidden_layers": 2}, "text"),
+    "electra": ("ElectraConfig", "ElectraModel", {"num_hidden_layers": 2}, "text"),
+    "vit": ("ViTConfig", "ViTModel", {"num_hidden_layers": 2}, 224),
+    "deit": ("DeiTConfig", "DeiTModel", {"num_hidden_layers": 2}, 224),
+    "dinov2": ("Dinov2Config", "Dinov2Model", {"num_hidden_layers": 2}, 112),
+    "swin": ("SwinConfig", "SwinModel", {"depths": [1, 1, 1, 1]}, 224),
+    "levit": ("LevitConfig", "LevitModel", {}, 224),
+    "convnext": ("ConvNextConfig", "ConvNextModel", {}, "image"),
+    "mobilevit": ("MobileViTConfig", "MobileViTModel", {}, "image"),
+    "segformer": ("SegformerConfig", "SegformerModel", {}, "image"),
+    "efficientnet": ("EfficientNetConfig", "EfficientNetModel", {}, "image"),
+    "regnet": ("RegNetConfig", "RegNetModel", {}, "image"),
+    "resnet": ("ResNetConfig", "ResNetModel", {}, "image"),
+    "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2Model", {}, "image"),
+}
 
-    _import_torchvision()
-    kwargs = {"image_size": size} if name.startswith("vit_") else {}
-    return torchvision_model(name, num_classes=10, **kwargs).train(train)
+
+def _model(name: str, size: int, batch: int, train: bool):
+    """``(model, input)``: a torchvision model (batch-norm statistics randomized) on a
+    ``size`` x ``size`` picture, or ``hf:NAME`` of :data:`HF_MODELS`."""
+    import torch
+
+    from topi_bn.bench.networks import torchvision_model
+    from topi_bn.testing.models import randomize_bn
+
+    _import_torchvision()  # transformers imports torchvision too
+    if not name.startswith("hf:"):
+        kwargs = {"image_size": size} if name.startswith("vit_") else {}
+        x = torch.randn(batch, 3, size, size)
+        return torchvision_model(name, num_classes=10, **kwargs).train(train), x
+    import transformers
+
+    class FirstOutput(torch.nn.Module):  # the model's last_hidden_state alone
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            out = self.model(x)
+            return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+
+    config, model, changes, kind = HF_MODELS[name[3:]]
+    config = getattr(transformers, config)(**changes)
+    net = randomize_bn(FirstOutput(getattr(transformers, model)(config))).train(train)
+    if kind == "text":
+        return net, torch.randint(0, config.vocab_size, (batch, 64))
+    side = size if kind == "image" else kind
+    return net, torch.randn(batch, 3, side, side)
 
 
 def _export(model, x, path: str, train: bool, folder: str) -> str:
@@ -116,10 +171,9 @@ def _one_model(args) -> int:
 
     name = args.models
     size = max(args.size, MIN_SIZE.get(name, 0))
-    model = _model(name, size, args.train)
-    x = torch.randn(args.batch, 3, size, size)
+    model, x = _model(name, size, args.batch, args.train)
     with torch.no_grad():
-        ref = copy.deepcopy(model).double()(x.double()).numpy()
+        ref = copy.deepcopy(model).double()(x.double() if x.is_floating_point() else x).numpy()
         if args.dtype == "float32":
             peer = copy.deepcopy(model)(x).numpy()
         else:
@@ -128,7 +182,8 @@ def _one_model(args) -> int:
     scale = float(np.abs(ref).max()) or 1.0
     peer_err = float(np.abs(peer - ref).max()) / scale
     limit = max(1e-4, 10 * peer_err) if args.dtype == "float32" else max(1e-2, 2 * peer_err)
-    tag = f"{name} {size}px batch {args.batch}{' train' if args.train else ''} {args.dtype}"
+    shape = "x".join(map(str, x.shape[1:]))
+    tag = f"{name} {shape} batch {args.batch}{' train' if args.train else ''} {args.dtype}"
     bad = 0
     for path in args.paths.split(","):
         with tempfile.TemporaryDirectory(prefix="try_torchvision_") as folder:
