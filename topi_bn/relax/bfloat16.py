@@ -15,8 +15,12 @@ topi-bn conv kernels (``conv2d_bn_relu``,   bf16 data and weight (a constant wei
 ``batch_norm`` (training or inference,      bf16 data; gamma, beta and the statistics stay
 not fused)                                  float32 (two-pass float32 statistics); bf16 ``y``,
                                             float32 mean / variance outputs
-``layer_norm``                              bf16 data, gamma and beta; float32 statistics; bf16
-                                            output
+``layer_norm`` of a value a kernel stored   bf16 data, gamma and beta; float32 statistics; bf16
+in bf16 (after a conv)                      output
+``layer_norm`` of a float32 value (the      unchanged, on float32, as PyTorch's autocast: a
+input; a transformer's residual stream,     two-layer BERT's output was 7e-3 of its range from
+which float32 matmuls and adds produce)     float64 with the stream rounded at each LayerNorm,
+                                            1.3e-3 kept float32 (autocast 2.3e-3)
 ``matmul`` (the classifier)                 a constant operand (or one computed from constants,
                                             folded by the build) in bf16, the other as it comes;
                                             float32 accumulation and output
@@ -376,6 +380,8 @@ class _ToBF16(relax.PyExprMutator):
     def _layer_norm(self, call):
         if not all(_tensor_dtype(a) == F32 for a in call.args):
             return None
+        if _tensor_dtype(self.value(call.args[0])) != BF16:
+            return None  # a float32 value (a transformer's residual stream) stays float32
         return relax.Call(call.op, [self.as_dtype(a, BF16) for a in call.args], call.attrs)
 
     def _matmul(self, call):
