@@ -34,6 +34,7 @@ Which records apply to a build (:func:`load_logs`):
   has a valid record for it. User logs come before the shipped one, so a user's records win over
   shipped ones; run times measured on different machines are not compared.
 """
+# Long because: the log format's one reader (records parsed on demand) and its locked writers.
 from __future__ import annotations
 
 import contextlib
