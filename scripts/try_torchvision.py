@@ -1,4 +1,4 @@
-"""Build torchvision (and Hugging Face) models with topi-bn as a user would, and compare with PyTorch in float64.
+"""Build torchvision and Hugging Face models with topi-bn as a user would, against float64 PyTorch.
 
 Each model (random weights, batch-norm statistics randomized as in the tests) is exported by
 ``torch.export`` or ``torch.onnx.export`` (TorchScript exporter), imported with
