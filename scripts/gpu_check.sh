@@ -6,13 +6,16 @@
 # (BENCH_DTYPES, BENCH_WORKLOADS, BENCH_S to change them), and with PROFILE (workload:dtype
 # ...) each kernel's time and DRAM traffic under Nsight Compute (scripts/gpu_kernel_times.py);
 # last, compute-sanitizer memcheck and racecheck on small norm workloads (SANITIZE, SANITIZE_S).
+# With TUNE (e.g. "gpu:float16:8") `topi-bn tune --target cuda` runs before the bench, which
+# then builds with that log (back as cuda-log.tgz); with CONV_BATCH (e.g. 32) ResNet-50 conv
+# layers at that batch run against cuDNN (scripts/gpu_conv_batch.py).
 # Every step has its own time limit so that the call ends inside the device tool's limit and
 # what ran comes back under $OUT (main.log, gpu-tests-N.log, bench.log, bench/results.*).
 #
 # From the project root, on the development machine:
 #   bash ../shared/tools/gpu/stage.sh          # writes .gpu/p1 and .gpu/p2
 #   cp scripts/gpu_check.sh .gpu/p2/
-#   move tuning_logs/x86-*/database_*.json out of the tree for the two calls (36 MB: with them
+#   move tuning_logs/x86-*/*.json out of the tree for the two calls (87 MB: with them
 #   the tree and .gpu/p2 exceed the 64 MiB a call carries; put them back afterwards)
 #   device run, carry [".gpu/p1"]:  bash .gpu/p1/put.sh
 #   device run, carry [".gpu/p2"]:  bash .gpu/p2/gpu_check.sh      (at once: warm ~30 s)
@@ -46,8 +49,25 @@ for run in ${RUNS:-full:200 quick:60 quick:60}; do
   echo "run $i ($M) rc=$?" >> "$OUT/gpu-tests-$i.log"
   el "tests run $i"; tail -3 "$OUT/gpu-tests-$i.log" | tee -a "$OUT/main.log"
 done
+# TUNE: `topi-bn tune --target cuda` runs, one after the other, as "workloads:dtype:trials"
+# (e.g. "gpu:float16:8"), together at most TUNE_S seconds, into TUNE_DIR (records are merged
+# after each workload, so a run cut short keeps what it finished; the tuner then checks its
+# winners against the default schedules, timed in turns); the bench below and CONV_BATCH then
+# build with that log, and it comes back as $OUT/cuda-log.tgz
+LOGS=shipped
+if [ -n "${TUNE:-}" ]; then
+  TUNE_DIR=${TUNE_DIR:-/tmp/cuda-log}; mkdir -p "$TUNE_DIR"; LOGS=$TUNE_DIR; TE=$(( $(date +%s) + ${TUNE_S:-240} ))
+  for t in $TUNE; do
+    left=$(( TE - $(date +%s) )); [ $left -gt 20 ] || break
+    IFS=: read -r tw td tn <<< "$t"
+    timeout $left python3 -m topi_bn.cli tune --target cuda --workloads "$tw" --dtype "$td" \
+      --trials "$tn" --log-dir "$TUNE_DIR" >> "$OUT/tune.log" 2>&1
+    el "tune $t rc=$?"; tail -6 "$OUT/tune.log" | tee -a "$OUT/main.log"
+  done
+  tar -czf "$OUT/cuda-log.tgz" -C "$TUNE_DIR" .
+fi
 timeout "${BENCH_S:-140}" python3 -m topi_bn.bench --target cuda --out "$OUT/bench" --no-check \
-  --rounds 5 $(for d in ${BENCH_DTYPES:-float32 float16}; do echo --dtype $d; done) \
+  --tuning-logs "$LOGS" --rounds 5 $(for d in ${BENCH_DTYPES:-float32 float16}; do echo --dtype $d; done) \
   $(for w in ${BENCH_WORKLOADS:-gpu.bn_train_nchw_256x64x112x112 gpu.bn_train_nhwc_256x112x112x64 \
     gpu.layer_norm_65536x4096 gpu.layer_norm_16384x8192 layer_norm.4096x1024 \
     bn_train.nchw_32x64x56x56 resnet50.conv3x3_64_64_56_s1_relu \
@@ -55,6 +75,12 @@ timeout "${BENCH_S:-140}" python3 -m topi_bn.bench --target cuda --out "$OUT/ben
   > "$OUT/bench.log" 2>&1
 el "bench rc=$?"; rm -f "$OUT"/bench/*.png
 tail -45 "$OUT/bench.log"
+# CONV_BATCH: ResNet-50 conv layers at this batch, float16, against cuDNN (scripts/gpu_conv_batch.py)
+if [ -n "${CONV_BATCH:-}" ]; then
+  timeout "${CONV_S:-90}" python3 scripts/gpu_conv_batch.py --batch "$CONV_BATCH" \
+    --tuning-logs "$LOGS" > "$OUT/conv-batch.log" 2>&1
+  el "conv batch $CONV_BATCH rc=$?"; tail -12 "$OUT/conv-batch.log" | tee -a "$OUT/main.log"
+fi
 if [ -n "${PROFILE:-}" ]; then  # e.g. PROFILE="gpu.bn_train_nhwc_256x112x112x64:float16"
   timeout "${PROFILE_S:-90}" python3 scripts/gpu_kernel_times.py $PROFILE > "$OUT/kernel-times.txt" 2>&1
   el "kernel times rc=$?"; cat "$OUT/kernel-times.txt"

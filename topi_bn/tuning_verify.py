@@ -27,13 +27,13 @@ import numpy as np
 
 from .build import build, schedule_prim_func
 from .checks import check_choice
-from .targets import resolve, tuning_log_key
+from .targets import resolve, target_family, tuning_log_key
 from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
                      workload_prim_func)
 from .tuning_db import drop_records, load_logs, run_time
 from .turns import in_turns
 
-__all__ = ["VerifyResult", "verify_log", "interleaved_us"]
+__all__ = ["VerifyResult", "verify_log", "interleaved_us", "run_device"]
 
 
 @dataclass
@@ -93,17 +93,26 @@ def _median_s(evaluator, args) -> float:
     return float(np.median(evaluator(*args).results))
 
 
-def _arguments(workload, func, dtype: str) -> list:
+def run_device(target):
+    """The device of this machine that runs ``target``'s code: the first GPU for a CUDA target,
+    else the CPU."""
+    import tvm
+
+    return tvm.cuda(0) if target_family(target) == "cuda" else tvm.cpu()
+
+
+def _arguments(workload, func, dtype: str, dev) -> list:
     """Random inputs of ``workload`` in the element types ``func`` takes them
     (:meth:`~topi_bn.workloads.Workload.arg_dtypes`: a bf16 build's batch-norm parameters are
-    float32) and empty outputs, as runtime tensors."""
+    float32) and empty outputs, as runtime tensors on ``dev``."""
     import tvm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    ins = [tvm.runtime.tensor(np.ascontiguousarray(a))
+    ins = [tvm.runtime.tensor(np.ascontiguousarray(a), dev)
            for a in workload.random_inputs(dtypes=workload.arg_dtypes(dtype))]
     infos = ArgInfo.from_prim_func(func)[len(ins):]
-    return ins + [tvm.runtime.empty(tuple(int(d) for d in a.shape), a.dtype) for a in infos]
+    return ins + [tvm.runtime.empty(tuple(int(d) for d in a.shape), a.dtype, dev)
+                  for a in infos]
 
 
 def _records(log_dir: str, mod, target) -> list:
@@ -145,8 +154,12 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
     if records[0] in defaults:
         return VerifyResult(workload.name, "default best")
     libs = [build(func, target, tuning_logs=[log_dir]), build(func, target, tuning_logs=None)]
-    args = _arguments(workload, func, dtype)
-    measure = measure or (lambda mods, a: interleaved_us(mods, a, rounds))
+    dev = run_device(target)
+    args = _arguments(workload, func, dtype, dev)
+    # the CPU caches are flushed between calls of CPU code only (a GPU kernel's arguments
+    # live in device memory)
+    measure = measure or (lambda mods, a: interleaved_us(
+        mods, a, rounds, dev=dev, flush_caches=target_family(target) != "cuda"))
     record_us, default_us = measure([lib.mod for lib in libs], args)
     result = VerifyResult(workload.name, "kept", record_us, default_us)
     if record_us > default_us * (1.0 + tolerance):

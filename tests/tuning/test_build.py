@@ -261,39 +261,46 @@ def test_records_apply_to_a_relax_graph_op(log_dir, workload, caplog):
     assert_close(out.numpy(), workload.reference(*ins)[0], "float32")
 
 
-#: (shipped log, workload) pairs that must have a record that applies to today's computes.
-#: Both: every op, NCHW and blocked (x86-avx512's blocked, Winograd, folded, training-BN and
-#: layer_norm records were tuned on a Zen 5 on 2026-11-26; see its README).
-SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu"),
-           ("x86-avx512", "mobilenetv2.dw3x3_144_144_56_s2_relu6"),
-           ("x86-avx512", "mobilenetv2.conv1x1_160_960_7_s1_relu6.nchw16c"),
-           ("x86-avx512", "resnet50.conv1x1_128_512_28_s1_relu_res.nchw16c.folded"),
-           ("x86-avx512", "resnet50.conv3x3_128_128_28_s1_relu.nchw16c.winograd4"),
-           ("x86-avx512", "bn_train.nchw_32x64x56x56"),
-           ("x86-avx512", "layer_norm.512x4096"),
-           ("x86-avx2", "resnet50.conv3x3_64_64_56_s1_relu"),
-           ("x86-avx2", "resnet50.conv1x1_256_64_56_s1_relu.nchw8c"),
-           ("x86-avx2", "bn_train.nchw_8x256x28x28"),
-           ("x86-avx2", "layer_norm.128x768")]
+#: (shipped log, workload, dtype) that must have a record that applies to today's computes.
+#: Both x86 logs: every op, NCHW and blocked (x86-avx512's blocked, Winograd, folded,
+#: training-BN and layer_norm records were tuned on a Zen 5 on 2026-11-26; see its README);
+#: cuda-sm_90: the HBM-sized group in float16 (an H100, 2026-11-28).
+SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
+           ("x86-avx512", "mobilenetv2.dw3x3_144_144_56_s2_relu6", "float32"),
+           ("x86-avx512", "mobilenetv2.conv1x1_160_960_7_s1_relu6.nchw16c", "float32"),
+           ("x86-avx512", "resnet50.conv1x1_128_512_28_s1_relu_res.nchw16c.folded", "float32"),
+           ("x86-avx512", "resnet50.conv3x3_128_128_28_s1_relu.nchw16c.winograd4", "float32"),
+           ("x86-avx512", "bn_train.nchw_32x64x56x56", "float32"),
+           ("x86-avx512", "layer_norm.512x4096", "float32"),
+           ("x86-avx2", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
+           ("x86-avx2", "resnet50.conv1x1_256_64_56_s1_relu.nchw8c", "float32"),
+           ("x86-avx2", "bn_train.nchw_8x256x28x28", "float32"),
+           ("x86-avx2", "layer_norm.128x768", "float32"),
+           ("cuda-sm_90", "gpu.bn_train_nchw_256x64x112x112", "float16"),
+           ("cuda-sm_90", "gpu.bn_train_nhwc_256x112x112x64", "float16"),
+           ("cuda-sm_90", "gpu.layer_norm_65536x4096", "float16")]
+#: the topi-bn target name of each shipped log
+LOG_TARGETS = {"x86-avx512": "x86-avx512", "x86-avx2": "x86-avx2", "cuda-sm_90": "cuda-sm90"}
 
 
-@pytest.mark.parametrize("key,name", SHIPPED)
-def test_shipped_logs_match_the_computes(key, name):
+@pytest.mark.parametrize("key,name,dtype", SHIPPED)
+def test_shipped_logs_match_the_computes(key, name, dtype):
     """The shipped records still match the computes (they stop matching when a compute
     changes: then re-tune, see tuning_logs/<key>/README.md)."""
     from topi_bn.build import schedule_prim_func, shipped_log_dir
     from topi_bn.targets import resolve_target
     from topi_bn.tuning import workload_prim_func
 
-    target = resolve_target(key)
+    target = resolve_target(LOG_TARGETS[key])
+    assert shipped_log_dir(target).endswith(key)
     if not os.path.isdir(shipped_log_dir(target)):
         pytest.fail(f"no shipped log at {shipped_log_dir(target)}")
-    _, applied = schedule_prim_func(workload_prim_func(name, target=target), target,
+    _, applied = schedule_prim_func(workload_prim_func(name, dtype, target), target,
                                     tuning_logs="shipped")
-    assert applied, f"shipped {key} log has no record for {name}: re-tune"
+    assert applied, f"shipped {key} log has no record for {name} in {dtype}: re-tune"
 
 
-@pytest.mark.parametrize("key", ["x86-avx512", "x86-avx2"])
+@pytest.mark.parametrize("key", sorted(LOG_TARGETS))
 def test_shipped_logs_hold_no_dead_records(key):
     """Every entry of a shipped log's manifest was tuned on the PrimFunc its registry workload
     has today (its key ends with that PrimFunc's hash): no records left behind by a compute
@@ -306,7 +313,7 @@ def test_shipped_logs_hold_no_dead_records(key):
     from topi_bn.tuning import build_visible_mod, workload_prim_func
     from topi_bn.tuning_db import read_manifest
 
-    target = resolve_target(key)
+    target = resolve_target(LOG_TARGETS[key])
     manifest = read_manifest(shipped_log_dir(target))
     assert manifest, f"{shipped_log_dir(target)}: empty manifest"
     dead = []

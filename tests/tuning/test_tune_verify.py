@@ -2,7 +2,6 @@
 re-measured in turns is dropped from the log; nothing else in the log changes."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import tvm
@@ -242,3 +241,30 @@ def test_a_searched_record_tied_with_the_default_is_dropped_too(tmp_path):
     assert _is_default(after[0], mod, func)
     assert not [r for r in after if not _is_default(r, mod, func)
                 and run_time(r) <= run_time(default)]
+
+
+def test_a_cuda_log_is_verified_on_the_gpu():
+    """The check runs a CUDA target's kernels on the GPU (it ran them on the CPU's device and
+    failed with 'Mismatched data.device_type' after the first CUDA tuning run, on an H100);
+    a CPU target's on the CPU."""
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning_verify import run_device
+
+    assert run_device(resolve_target("cuda-sm90")) == tvm.cuda(0)
+    assert run_device(resolve_target("x86-avx2")) == tvm.cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.requires("gpu")
+def test_tuning_for_the_gpu_verifies_its_records(tmp_path):
+    """``topi-bn tune --target cuda`` ends with the check of its winners against the default
+    schedules, timed in turns on the GPU."""
+    from topi_bn.cli import main
+
+    log = str(tmp_path / "log")
+    assert main(["tune", "--target", "cuda", "--workloads", "bn_train.nchw_8x256x28x28",
+                 "--trials", "4", "--log-dir", log]) == 0
+    from topi_bn.tuning_verify import verify_log
+
+    (res,) = verify_log("cuda", "bn_train.nchw_8x256x28x28", log, rounds=2, progress=None)
+    assert res.status in ("kept", "pruned", "default best"), res
