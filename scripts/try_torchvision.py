@@ -18,7 +18,8 @@ process of its own, so one crash does not end the run.
 
 ``hf:NAME`` is a Hugging Face ``transformers`` model of :data:`HF_MODELS` (``pip install
 transformers``; two layers, random weights, 64 token ids or a picture), judged on its
-``last_hidden_state``.
+``last_hidden_state``; ``seg:NAME`` a ``torchvision.models.segmentation`` model (10 classes),
+judged on its ``out`` map (``--models seg:deeplabv3_resnet50,seg:lraspp_mobilenet_v3_large``).
 
 Needs ``torchvision`` (``pip install --no-deps torchvision==0.28.0`` beside torch 2.13.0; that
 wheel's compiled ops were built against the CUDA build of torch and fail to register with the
@@ -99,13 +100,26 @@ HF_MODELS = {
 
 def _model(name: str, size: int, batch: int, train: bool):
     """``(model, input)``: a torchvision model (batch-norm statistics randomized) on a
-    ``size`` x ``size`` picture, or ``hf:NAME`` of :data:`HF_MODELS`."""
+    ``size`` x ``size`` picture, ``seg:NAME`` of ``torchvision.models.segmentation``, or
+    ``hf:NAME`` of :data:`HF_MODELS`."""
     import torch
 
     from topi_bn.bench.networks import torchvision_model
     from topi_bn.testing.models import randomize_bn
 
-    _import_torchvision()  # transformers imports torchvision too
+    models = _import_torchvision()  # transformers imports torchvision too
+    if name.startswith("seg:"):  # torchvision.models.segmentation: the "out" map alone
+        class OutMap(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return self.model(x)["out"]
+
+        net = getattr(models.segmentation, name[4:])(weights=None, weights_backbone=None,
+                                                     num_classes=10)
+        return randomize_bn(OutMap(net)).train(train), torch.randn(batch, 3, size, size)
     if not name.startswith("hf:"):
         kwargs = {"image_size": size} if name.startswith("vit_") else {}
         x = torch.randn(batch, 3, size, size)

@@ -47,6 +47,7 @@ from ..targets import resolve_target
 from .analysis import FunctionUses, op_name, static_shape
 from .fold import fold_batch_norm
 from .fusion import FuseConvBatchNorm, FuseConvShiftAct
+from .taps import drop_padding_taps
 # the lowering pipeline, importable from here as before it had a module of its own
 from .lowering import (
     LAYOUTS, ApplyDefaultSchedules, NarrowKernelIndices, ScheduleCpuGraphOps, check_layout, lower,
@@ -365,6 +366,8 @@ def apply_bn_mode(mod: tvm.IRModule, bn: str, params: Mapping[str, Any] | None =
     if target is not None:
         resolve_target(target)  # a bad target is reported here, not deep in the build
     mod = bind_params(mod, params)
+    if bn != "unpacked":  # TVM's own lowering, the baseline, stays as TVM has it
+        mod = drop_padding_taps(mod)
     found = _batch_norms(mod)
     # the kernels are scheduled after FuseTIR, in pipeline(): never at rewrite time
     with legalize_options(schedule=False):
