@@ -46,7 +46,8 @@ from tvm import relax
 from .analysis import constant_value, op_name, static_shape
 from .registration import mutate_relax_functions
 
-__all__ = ["DropPaddingTaps", "drop_padding_taps", "used_taps"]
+__all__ = ["DropPaddingTaps", "drop_padding_taps", "used_taps", "tap_bands", "SPLIT_SHARE",
+           "MAX_REGIONS"]
 
 #: where the kernel's height and width sit in each kernel layout TVM's conv2d takes
 _KERNEL_HW = {"OIHW": (2, 3), "HWIO": (0, 1), "OHWI": (1, 2), "HWOI": (0, 1)}
@@ -142,7 +143,6 @@ class DropPaddingTaps(relax.PyExprMutator):
             return call
         self.dropped += 1
         return new
-
 
     def _weight(self, w, w_shape, axes, h, w_taps):
         """``w`` cut to taps ``h`` (first, last) and ``w_taps`` along the kernel ``axes``."""
