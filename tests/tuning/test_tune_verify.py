@@ -2,7 +2,6 @@
 re-measured in turns is dropped from the log; nothing else in the log changes."""
 from __future__ import annotations
 
-
 import pytest
 import tvm
 
@@ -260,11 +259,10 @@ def test_tuning_for_the_gpu_verifies_its_records(tmp_path):
     """``topi-bn tune --target cuda`` ends with the check of its winners against the default
     schedules, timed in turns on the GPU."""
     from topi_bn.cli import main
+    from topi_bn.tuning_verify import verify_log
 
     log = str(tmp_path / "log")
     assert main(["tune", "--target", "cuda", "--workloads", "bn_train.nchw_8x256x28x28",
                  "--trials", "4", "--log-dir", log]) == 0
-    from topi_bn.tuning_verify import verify_log
-
     (res,) = verify_log("cuda", "bn_train.nchw_8x256x28x28", log, rounds=2, progress=None)
     assert res.status in ("kept", "pruned", "default best"), res

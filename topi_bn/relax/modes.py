@@ -24,7 +24,8 @@
 =============  ==========================================================================
 
 In every mode but ``unpacked``, each conv2d (NCHW/OIHW or NHWC/HWIO, static shapes) thus
-runs on topi-bn's scheduled conv kernels.
+runs on topi-bn's scheduled conv kernels, after the multiply-adds that read only its zero
+padding were left out (:mod:`topi_bn.relax.taps`: dilated convs on small maps, DeepLabV3's ASPP).
 
 Training-mode BNs are never folded nor fused into a conv (their statistics come from the
 batch); outside ``unpacked`` they run on the topi-bn training kernel.

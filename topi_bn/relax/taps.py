@@ -39,6 +39,8 @@ the regions too (ONNX Runtime 33-50 ms); ``deeplabv3_resnet50`` 1.40-1.67 s -> 0
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -55,25 +57,12 @@ _KERNEL_HW = {"OIHW": (2, 3), "HWIO": (0, 1), "OHWI": (1, 2), "HWOI": (0, 1)}
 _DATA_HW = {"NCHW": (2, 3), "NHWC": (1, 2)}
 
 
-def used_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
-              pad_before: int) -> tuple[int, int]:
-    """``(first, last)`` kernel taps along one dimension that read an input element (not
-    padding) for at least one of the ``out`` output positions: tap ``a`` reads input index
-    ``i*stride + a*dilation - pad_before`` for output ``i``. ``first > last`` when no tap
-    does."""
-    def used(a: int) -> bool:
-        lowest = a * dilation - pad_before
-        return lowest <= size - 1 and (out - 1) * stride + lowest >= 0
-
-    taps = [a for a in range(kernel) if used(a)]
-    return (taps[0], taps[-1]) if taps else (1, 0)
-
-
 def tap_bands(size: int, out: int, kernel: int, stride: int, dilation: int,
               pad_before: int) -> list[tuple[int, int, int, int]]:
     """``(first output, end output, first tap, last tap)`` of each run of consecutive output
-    positions that read the input (not padding) through the same taps, in order; a position
-    whose taps all read padding has none (``first tap > last tap``)."""
+    positions that read the input (not padding) through the same taps, in order: tap ``a``
+    reads input index ``i*stride + a*dilation - pad_before`` for output ``i``; a position whose
+    taps all read padding has none (``first tap > last tap``)."""
     bands: list[list[int]] = []
     for i in range(out):
         taps = [a for a in range(kernel)
@@ -86,11 +75,75 @@ def tap_bands(size: int, out: int, kernel: int, stride: int, dilation: int,
     return [tuple(b) for b in bands]
 
 
+def used_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
+              pad_before: int) -> tuple[int, int]:
+    """``(first, last)`` kernel taps along one dimension that read an input element (not
+    padding) for at least one of the ``out`` output positions (:func:`tap_bands`);
+    ``first > last`` when no tap does."""
+    read = [b for b in tap_bands(size, out, kernel, stride, dilation, pad_before)
+            if b[2] <= b[3]]
+    return (min(b[2] for b in read), max(b[3] for b in read)) if read else (1, 0)
+
+
 #: a convolution is split into regions (module docstring) when the taps that read the input
 #: are at most this share of all its multiply-adds
 SPLIT_SHARE = 0.75
 #: and it has at most this many regions
 MAX_REGIONS = 9
+
+
+@dataclass(frozen=True)
+class _Conv:
+    """A ``relax.nn.conv2d`` call with static shapes, read once: the data's and the kernel's
+    height and width axes, the kernel's extents, padding, strides, dilation."""
+
+    call: relax.Call
+    layout: str
+    kernel_layout: str
+    hw: tuple[int, int]
+    kernel_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+    in_size: tuple[int, int]
+    out_size: tuple[int, int]
+
+    @classmethod
+    def read(cls, call) -> "_Conv | None":
+        a = call.attrs
+        layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
+        x_shape, w_shape = static_shape(call.args[0]), static_shape(call.args[1])
+        y_shape = static_shape(call)
+        if layout not in _DATA_HW or kernel_layout not in _KERNEL_HW \
+                or str(a.out_layout) not in ("", layout) \
+                or None in (x_shape, w_shape, y_shape):
+            return None
+        hw, kernel_hw = _DATA_HW[layout], _KERNEL_HW[kernel_layout]
+        return cls(call, layout, kernel_layout, hw, kernel_hw,
+                   tuple(w_shape[i] for i in kernel_hw), tuple(int(p) for p in a.padding),
+                   tuple(int(s) for s in a.strides), tuple(int(d) for d in a.dilation),
+                   tuple(x_shape[i] for i in hw), tuple(y_shape[i] for i in hw))
+
+    def bands(self, dim: int) -> list[tuple[int, int, int, int]]:
+        """:func:`tap_bands` along the height (0) or the width (1)."""
+        return tap_bands(self.in_size[dim], self.out_size[dim], self.kernel[dim],
+                         self.strides[dim], self.dilation[dim], self.padding[dim])
+
+    @property
+    def out_dtype(self) -> str | None:
+        out_dtype = str(self.call.attrs.out_dtype)
+        return out_dtype if out_dtype not in ("", "void", "None") else None
+
+    def conv2d(self, x, w, padding, taps) -> relax.Expr:
+        """This conv's ``conv2d`` of ``x`` and ``w`` with ``padding``; ``taps`` (the kept
+        taps' (first, last) per dimension) gives the dilation: none where one tap is left."""
+        dilation = tuple(d if last > first else 1
+                         for d, (first, last) in zip(self.dilation, taps))
+        return relax.op.nn.conv2d(
+            x, w, strides=self.strides, padding=padding, dilation=dilation,
+            groups=int(self.call.attrs.groups), data_layout=self.layout,
+            kernel_layout=self.kernel_layout, out_layout=self.layout, out_dtype=self.out_dtype)
 
 
 @relax.expr_functor.mutator
@@ -105,78 +158,70 @@ class DropPaddingTaps(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if op_name(call) != "relax.nn.conv2d":
+        conv = _Conv.read(call) if op_name(call) == "relax.nn.conv2d" else None
+        if conv is None:
             return call
-        a = call.attrs
-        layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
-        x, w = call.args
-        x_shape, w_shape, y_shape = static_shape(x), static_shape(w), static_shape(call)
-        if layout not in _DATA_HW or kernel_layout not in _KERNEL_HW \
-                or str(a.out_layout) not in ("", layout) \
-                or None in (x_shape, w_shape, y_shape):
-            return call
-        (xh, xw), (kh_ax, kw_ax) = _DATA_HW[layout], _KERNEL_HW[kernel_layout]
-        top, left, bottom, right = (int(p) for p in a.padding)
-        (sh, sw), (dh, dw) = (int(s) for s in a.strides), (int(d) for d in a.dilation)
-        kh, kw = w_shape[kh_ax], w_shape[kw_ax]
-        split = self._split(call, x_shape, w_shape, y_shape)
-        if split is not None:
-            return split
-        h0, h1 = used_taps(x_shape[xh], y_shape[xh], kh, sh, dh, top)
-        w0, w1 = used_taps(x_shape[xw], y_shape[xw], kw, sw, dw, left)
-        padding = (top - h0 * dh, left - w0 * dw,
-                   bottom - (kh - 1 - h1) * dh, right - (kw - 1 - w1) * dw)
-        if (h1 - h0 + 1, w1 - w0 + 1) == (kh, kw) or h0 > h1 or w0 > w1 \
-                or min(padding) < 0:
-            return call
-        new_w = self._weight(w, w_shape, (kh_ax, kw_ax), (h0, h1), (w0, w1))
-        out_dtype = str(a.out_dtype)
-        # a dimension left with one tap has no dilation (the 1x1 kernels' fast paths take it)
-        dilation = (dh if h1 > h0 else 1, dw if w1 > w0 else 1)
-        new = relax.op.nn.conv2d(
-            x, new_w, strides=(sh, sw), padding=padding, dilation=dilation,
-            groups=int(a.groups), data_layout=layout, kernel_layout=kernel_layout,
-            out_layout=str(a.out_layout) or layout,
-            out_dtype=out_dtype if out_dtype not in ("", "void", "None") else None)
-        new = self.builder_.normalize(new)
-        if static_shape(new) != y_shape:  # never expected: the arithmetic above keeps it
-            return call
-        self.dropped += 1
-        return new
+        new = self._split(conv)
+        if new is not None:
+            self.split += 1
+            return new
+        new = self._drop(conv)
+        if new is not None:
+            self.dropped += 1
+            return new
+        return call
 
-    def _weight(self, w, w_shape, axes, h, w_taps):
-        """``w`` cut to taps ``h`` (first, last) and ``w_taps`` along the kernel ``axes``."""
+    def _checked(self, conv: _Conv, new):
+        """``new`` normalized, or None when its shape is not the conv's (never expected: the
+        arithmetic keeps it)."""
+        new = self.builder_.normalize(new)
+        return new if static_shape(new) == static_shape(conv.call) else None
+
+    def _weight(self, conv: _Conv, taps):
+        """The conv's weight cut to ``taps``, (first, last) along the height and the width."""
+        w = conv.call.args[1]
+        (h0, h1), (w0, w1) = taps
         value = constant_value(w)
         if value is not None:
-            index = [slice(None)] * len(w_shape)
-            index[axes[0]], index[axes[1]] = slice(h[0], h[1] + 1), slice(w_taps[0], w_taps[1] + 1)
+            index = [slice(None)] * value.ndim
+            index[conv.kernel_hw[0]], index[conv.kernel_hw[1]] = slice(h0, h1 + 1), \
+                slice(w0, w1 + 1)
             return relax.const(np.ascontiguousarray(value[tuple(index)]), str(value.dtype))
         return self.builder_.emit(relax.op.strided_slice(
-            w, axes=list(axes), begin=[h[0], w_taps[0]], end=[h[1] + 1, w_taps[1] + 1]))
+            w, axes=list(conv.kernel_hw), begin=[h0, w0], end=[h1 + 1, w1 + 1]))
 
-    def _split(self, call, x_shape, w_shape, y_shape):
+    def _drop(self, conv: _Conv):
+        """The conv without the kernel rows and columns that read only padding, or None."""
+        taps = [used_taps(conv.in_size[d], conv.out_size[d], conv.kernel[d], conv.strides[d],
+                          conv.dilation[d], conv.padding[d]) for d in (0, 1)]
+        (h0, h1), (w0, w1) = taps
+        (kh, kw), (dh, dw) = conv.kernel, conv.dilation
+        top, left, bottom, right = conv.padding
+        padding = (top - h0 * dh, left - w0 * dw,
+                   bottom - (kh - 1 - h1) * dh, right - (kw - 1 - w1) * dw)
+        if (h1 - h0 + 1, w1 - w0 + 1) == (kh, kw) or h0 > h1 or w0 > w1 or min(padding) < 0:
+            return None
+        return self._checked(conv, conv.conv2d(conv.call.args[0], self._weight(conv, taps),
+                                               padding, taps))
+
+    def _split(self, conv: _Conv):
         """The conv as one padding-free conv per region of outputs that read the input through
         the same taps, the regions' outputs concatenated; None when that saves too little."""
-        a = call.attrs
-        layout, kernel_layout = str(a.data_layout), str(a.kernel_layout)
-        if int(a.groups) != 1 or tuple(int(d) for d in a.dilation) == (1, 1):
+        if int(conv.call.attrs.groups) != 1 or conv.dilation == (1, 1):
             return None  # an undilated conv's padding is its edges' (a small share)
-        (xh, xw), kaxes = _DATA_HW[layout], _KERNEL_HW[kernel_layout]
-        top, left, _, _ = (int(p) for p in a.padding)
-        (sh, sw), (dh, dw) = (int(s) for s in a.strides), (int(d) for d in a.dilation)
-        kh, kw = w_shape[kaxes[0]], w_shape[kaxes[1]]
-        rows = tap_bands(x_shape[xh], y_shape[xh], kh, sh, dh, top)
-        cols = tap_bands(x_shape[xw], y_shape[xw], kw, sw, dw, left)
+        rows, cols = conv.bands(0), conv.bands(1)
         if any(b[2] > b[3] for b in rows + cols) or len(rows) * len(cols) > MAX_REGIONS \
                 or len(rows) * len(cols) == 1:
             return None
-        share = (sum((r1 - r0) * (a1 - a0 + 1) for r0, r1, a0, a1 in rows) / (y_shape[xh] * kh)
-                 * sum((c1 - c0) * (b1 - b0 + 1) for c0, c1, b0, b1 in cols) / (y_shape[xw] * kw))
+        (oh, ow), (kh, kw) = conv.out_size, conv.kernel
+        share = (sum((r1 - r0) * (a1 - a0 + 1) for r0, r1, a0, a1 in rows) / (oh * kh)
+                 * sum((c1 - c0) * (b1 - b0 + 1) for c0, c1, b0, b1 in cols) / (ow * kw))
         if share > SPLIT_SHARE:
             return None
-        x, w = call.args
-        out_dtype = str(a.out_dtype)
-        out_dtype = out_dtype if out_dtype not in ("", "void", "None") else None
+        x = conv.call.args[0]
+        (sh, sw), (dh, dw) = conv.strides, conv.dilation
+        top, left = conv.padding[:2]
+        xh, xw = conv.hw
         band_outs = []
         for r0, r1, a0, a1 in rows:
             parts = []
@@ -185,20 +230,13 @@ class DropPaddingTaps(relax.PyExprMutator):
                 end = [(r1 - 1) * sh + a1 * dh - top + 1, (c1 - 1) * sw + b1 * dw - left + 1]
                 xs = self.builder_.emit(relax.op.strided_slice(x, axes=[xh, xw], begin=begin,
                                                                end=end))
-                ws = self._weight(w, w_shape, kaxes, (a0, a1), (b0, b1))
-                parts.append(self.builder_.emit(relax.op.nn.conv2d(
-                    xs, ws, strides=(sh, sw), padding=(0, 0, 0, 0),
-                    dilation=(dh if a1 > a0 else 1, dw if b1 > b0 else 1),
-                    data_layout=layout, kernel_layout=kernel_layout, out_layout=layout,
-                    out_dtype=out_dtype)))
+                taps = ((a0, a1), (b0, b1))
+                parts.append(self.builder_.emit(conv.conv2d(
+                    xs, self._weight(conv, taps), (0, 0, 0, 0), taps)))
             band_outs.append(parts[0] if len(parts) == 1 else
                              self.builder_.emit(relax.op.concat(parts, axis=xw)))
-        new = band_outs[0] if len(band_outs) == 1 else relax.op.concat(band_outs, axis=xh)
-        new = self.builder_.normalize(new)
-        if static_shape(new) != y_shape:  # never expected
-            return None
-        self.split += 1
-        return new
+        return self._checked(conv, band_outs[0] if len(band_outs) == 1
+                             else relax.op.concat(band_outs, axis=xh))
 
 
 def drop_padding_taps(mod: tvm.IRModule) -> tvm.IRModule:
