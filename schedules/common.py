@@ -18,7 +18,8 @@ import tvm
 from tvm.target import Target
 
 __all__ = [
-    "ScheduleRule", "ANCHORS", "RULE_PREFIX", "CPU_ONLY_OPS", "OUTPUT_BLOCKS", "op_of",
+    "ScheduleRule", "ANCHORS", "RULE_PREFIX", "RESIZE_PART", "CPU_ONLY_OPS", "OUTPUT_BLOCKS",
+    "op_of",
     "is_anchor", "block_rule", "base_name", "block_names", "topi_bn_blocks", "has_topi_bn_blocks",
     "op_blocks", "stats_blocks", "inline_consumers", "reads_at_every_point", "strip_rules",
     "sole_reduction", "root_blocks",
@@ -38,6 +39,11 @@ ANCHORS = {
     "batch_norm_infer": "bn_norm",
     "layer_norm": "ln_norm",
 }
+
+#: Block annotation of :func:`topi_bn.compute.resize.resize2d` naming each block's part
+#: (``"table"``, ``"cols"`` or ``"rows"``: the first stage, ``"output"``), which :mod:`.cpu_resize` matches: TVM's resize op,
+#: computed by topi-bn on CPUs, is not a topi-bn op (no ``schedule_rule``, no tuning).
+RESIZE_PART = "topi_bn.resize"
 
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)
 CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc",

@@ -54,7 +54,7 @@ from topi_bn.targets import resolve_target, target_family
 
 from . import (
     cpu, cpu_conv_dpbf16, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise,
-    cpu_layout, cpu_pool, cpu_rows, cuda_conv, cuda_norm,
+    cpu_layout, cpu_pool, cpu_resize, cpu_rows, cuda_conv, cuda_norm,
 )
 from .common import (
     ANCHORS, CPU_ONLY_OPS, RULE_PREFIX, ScheduleRule, has_topi_bn_blocks, is_anchor, op_of,
@@ -81,6 +81,7 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu_dense.Gemm(),                   # TVM's ops: matrix products with rows (MLPs, attention),
         cpu_dense.Matvec(),                 # the classifier's matrix-vector product,
         cpu_pool.Pool(),                    # pools,
+        cpu_resize.Resize(),                # 2-D resizes (topi-bn's compute of TVM's op),
         cpu_layout.LayoutTransform(),       # NCHW <-> NCHW[cb]c transforms,
         cpu_rows.RowReduce(),               # softmax and other per-row reductions,
         cpu_elementwise.Elementwise(),      # elementwise ops, also a topi-bn function's leftovers

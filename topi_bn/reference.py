@@ -25,7 +25,7 @@ __all__ = [
     "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc",
     "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
     "batch_norm_train", "batch_norm_infer",
-    "unpacked_batch_norm", "layer_norm", "apply_activation",
+    "unpacked_batch_norm", "layer_norm", "apply_activation", "resize2d",
 ]
 
 
@@ -250,3 +250,58 @@ def layer_norm(data, gamma=None, beta=None, *, axis=-1, eps: float = 1e-5,
     if return_stats:
         return [y, mean.reshape(x.shape[:axes[0]]), rstd.reshape(x.shape[:axes[0]])]
     return y
+
+
+def _resize_source(i: np.ndarray, n_in: int, n_out: int, mode: str) -> np.ndarray:
+    """The source coordinate of output indices ``i`` along one axis (ONNX ``Resize``)."""
+    scale = n_in / n_out
+    if mode == "half_pixel":
+        return (i + 0.5) * scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (i + 0.5) * scale - 0.5 if n_out > 1 else np.zeros_like(i, dtype=np.float64)
+    if mode == "align_corners":
+        return i * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros_like(i, np.float64)
+    if mode == "asymmetric":
+        return i * scale
+    if mode == "tf_half_pixel_for_nn":
+        return (i + 0.5) * scale
+    raise ValueError(f"coordinate_transformation_mode: expected one of half_pixel, "
+                     f"pytorch_half_pixel, align_corners, asymmetric, tf_half_pixel_for_nn; "
+                     f"got {mode!r}")
+
+
+_NEAREST = {"round": lambda c: np.floor(c + 0.5), "floor": np.floor, "ceil": np.ceil, "round_prefer_floor": lambda c: np.ceil(c - 0.5),
+            "round_prefer_ceil": lambda c: np.floor(c + 0.5)}
+
+
+def _resize_axis(x: np.ndarray, axis: int, n_out: int, method: str, mode: str,
+                 rounding: str) -> np.ndarray:
+    n_in = x.shape[axis]
+    c = _resize_source(np.arange(n_out, dtype=np.float64), n_in, n_out, mode)
+    if method == "nearest_neighbor":
+        rounding = rounding or ("round" if mode == "align_corners" else "floor")
+        check_choice("rounding_method", rounding, tuple(_NEAREST))
+        return np.take(x, np.clip(_NEAREST[rounding](c), 0, n_in - 1).astype(np.int64), axis)
+    low = np.floor(c)
+    w = (c - low).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+    lo, hi = (np.clip(v, 0, n_in - 1).astype(np.int64) for v in (low, low + 1))
+    return np.take(x, lo, axis) * (1.0 - w) + np.take(x, hi, axis) * w
+
+
+def resize2d(data, size, *, layout: str = "NCHW", method: str = "linear",
+             coordinate_transformation_mode: str = "half_pixel",
+             rounding_method: str = "") -> np.ndarray:
+    """2-D resize of 4-D ``data`` (NCHW or NHWC) to ``size`` = (OH, OW) in float64, as ONNX's
+    ``Resize`` (``linear`` or ``nearest_neighbor``; the coordinate modes of
+    :func:`topi_bn.compute.resize.resize2d`); ``rounding_method`` of nearest: ``floor``,
+    ``ceil``, ``round_prefer_floor``, ``round_prefer_ceil``, ``round`` (halves up; "": floor,
+    for ``align_corners`` round)."""
+    x = as_array("data", data).astype(np.float64)
+    layout = check_choice("layout", layout, ("nchw", "nhwc")).upper()
+    method = check_choice("method", method, ("linear", "nearest_neighbor"))
+    if x.ndim != 4:
+        raise ValueError(f"data: expected a 4-D {layout} array, got {x.ndim}-D")
+    h_axis, w_axis = (2, 3) if layout == "NCHW" else (1, 2)
+    oh, ow = (int(s) for s in size)
+    x = _resize_axis(x, h_axis, oh, method, coordinate_transformation_mode, rounding_method)
+    return _resize_axis(x, w_axis, ow, method, coordinate_transformation_mode, rounding_method)

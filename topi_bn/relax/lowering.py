@@ -23,6 +23,7 @@ from tvm import relax
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.common import block_names, has_topi_bn_blocks
 from ..compute.fast_math import LEGALIZE as FAST_MATH_OPS
+from ..compute.resize import LEGALIZE as RESIZE_OPS
 from ..targets import resolve_target, target_family
 from .blocked import BlockedLayout
 from .packing import MarkConstantParams, PackConstantWeights
@@ -73,6 +74,9 @@ class ScheduleCpuGraphOps:
       product with its bias (ResNet-50's 2048x1000: 4.0 ms unscheduled, 0.34 ms scheduled);
     - :class:`topi_bn.schedules.cpu_pool.Pool`: max and average pooling, NCHW or
       blocked (ResNet's 3x3 stride-2 max pool on NCHW8c 64x112x112: 0.14 -> 0.04 ms);
+    - :class:`topi_bn.schedules.cpu_resize.Resize`: the 2-D resizes of
+      :mod:`topi_bn.compute.resize` (a segmentation head's 21 x 40 x 40 -> 320 x 320 bilinear
+      upsampling: TVM's compute 4.4-6.4 ms, 0.4-0.5 ms);
     - :class:`topi_bn.schedules.cpu_layout.LayoutTransform`: the NCHW <-> NCHW[cb]c
       transforms at the edges of a blocked graph (the 224x224 image to NCHW3c: 48 -> 10 us).
 
@@ -198,7 +202,8 @@ def pipeline(target: Any, database=None, layout: str = "auto",
       ``max(x, 0)`` gives 0 for NaN), except in ``unpacked`` modules; on a CPU also float32
       ``exp``, ``erf``, ``tanh``, ``sigmoid``, SiLU, GELU and softmax as polynomials that
       vectorize (:data:`topi_bn.compute.fast_math.LEGALIZE`: LLVM makes TVM's one libm call
-      per element);
+      per element), and 2-D linear and nearest resizes one axis at a time
+      (:data:`topi_bn.compute.resize.LEGALIZE`: TVM's gathers four pixels per output);
     - after FuseTIR: tuning records from ``database`` (a MetaSchedule ``Database``), then
       the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedules of
       matrix products, pools and elementwise functions (:class:`ScheduleCpuGraphOps`) and
@@ -225,8 +230,10 @@ def pipeline(target: Any, database=None, layout: str = "auto",
         names = [p.info.name for p in legalize]
         if ours_too and "LegalizeOps" in names:  # relu / clip that propagate NaN
             ops = dict(ACTIVATION_OPS)
-            if target_family(target) in ("x86", "arm"):  # exp, erf, tanh, ... that vectorize
+            if target_family(target) in ("x86", "arm"):  # exp, erf, tanh, ... that vectorize,
+                # resizes one axis at a time
                 ops.update(FAST_MATH_OPS)
+                ops.update(RESIZE_OPS)
             legalize[names.index("LegalizeOps")] = relax.transform.LegalizeOps(
                 customize_legalize_map=ops)
         at = names.index("FuseTIR") + 1 if "FuseTIR" in names else len(legalize)

@@ -162,11 +162,12 @@ def run_te(te_inputs, te_outputs, arrays: Sequence[np.ndarray], target="llvm",
     return run_prim_func(lib, arrays, [(o.shape, o.dtype) for o in outs])
 
 
-def legalized_prim_func(build_body, shape, dtype: str = "float32"):
+def legalized_prim_func(build_body, shape, dtype: str = "float32", legalize_map=None):
     """The one PrimFunc TVM legalizes ``build_body(x)`` into, for a Relax input ``x`` of
     ``shape`` and ``dtype`` (e.g. ``lambda x: relax.op.nn.max_pool2d(x, ...)``), named
     ``main``: what the schedules of TVM's own ops (:mod:`topi_bn.schedules.cpu_pool`, ...) get
-    in a build."""
+    in a build; ``legalize_map``: op name -> legalization used instead of TVM's (as the topi-bn
+    pipeline's, e.g. :data:`topi_bn.compute.resize.LEGALIZE`)."""
     import tvm
     from tvm import relax
 
@@ -176,7 +177,7 @@ def legalized_prim_func(build_body, shape, dtype: str = "float32"):
         with bb.dataflow():
             out = bb.emit_output(build_body(x))
         bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = relax.transform.LegalizeOps(customize_legalize_map=legalize_map)(bb.get())
     (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     return func.with_attr("global_symbol", "main")
 
