@@ -7,7 +7,9 @@ y = sigmoid(c) + c``: two readers of ``c``).
 TVM's CPU pipeline leaves such loops scalar and LLVM's auto-vectorizers take them; on TVM 0.27
 (LLVM 17+) they broke the module on one such loop (``sigmoid(x) + x`` over 36 floats: shuffles
 that do not dominate their uses, found by the random-graph tester). Here each chain is made
-explicit instead: every elementwise producer is inlined into its consumers where TVM allows it,
+explicit instead: every elementwise producer is inlined into its consumers where TVM allows it
+(but a gather, such as a concat, is stored once rather than copied into a consumer that reads
+it several times per element: :func:`_inlining_repeats_a_gather`),
 and each remaining block runs vectorized along its innermost axis when a vector of at least 4
 lanes divides it (:func:`~topi_bn.schedules.helpers.vector_width`, no predicate), its outer
 axes fused into one loop (a transpose's lanes then share their index arithmetic: Swin-T's
@@ -19,6 +21,8 @@ Matched: blocks whose iteration variables are all spatial (no reduction) with st
 no ``schedule_rule``.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import tvm
 from tvm.target import Target
@@ -55,6 +59,8 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         return False
     done = False
     for b in blocks:  # producers into their consumers (not the function's outputs)
+        if _inlining_repeats_a_gather(sch, b):
+            continue
         try:
             sch.compute_inline(b)
             done = True
@@ -83,6 +89,38 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         sch.vectorize(inner)
         done = True
     return done
+
+
+_CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices",
+             "base", "stride", "body")
+
+
+def _loads_of(expr, buffer) -> int:
+    """How many times ``expr`` (a TIR expression tree) loads ``buffer``."""
+    if isinstance(expr, Sequence):  # call arguments, indices (an FFI Array is one)
+        return sum(_loads_of(e, buffer) for e in expr)
+    count = int(isinstance(expr, tvm.ir.expr.TensorLoad) and expr.source.same_as(buffer))
+    for name in _CHILDREN:
+        child = getattr(expr, name, None)
+        if isinstance(child, (tvm.tirx.Expr, Sequence)):
+            count += _loads_of(child, buffer)
+    return count
+
+
+def _inlining_repeats_a_gather(sch: tvm.s_tir.Schedule, b) -> bool:
+    """Whether inlining ``b`` would copy a gather into a consumer several times: ``b`` reads
+    some buffer at an index other than plain loop variables (a concat, slice or reshape, with
+    its selects and index arithmetic) and a consumer reads ``b``'s output more than once per
+    element (the float32 ``exp`` polynomial of a sigmoid reads its input 12 times; neither TIR
+    nor LLVM shares the copies, which hold loads: the concat of YOLOv8's three heads inlined
+    into its class sigmoid took 17% of the network's run). Such a producer is stored once."""
+    block = sch.get(b)
+    if all(isinstance(r.min, (tvm.tirx.Var, tvm.tirx.IntImm)) for region in block.reads
+           for r in region.region):
+        return False  # elementwise or broadcasting: cheap to repeat
+    written = block.writes[0].source
+    return any(_loads_of(sch.get(c).body.value, written) > 1 for c in sch.get_consumers(b)
+               if isinstance(sch.get(c).body, tvm.tirx.BufferStore))
 
 
 class Elementwise(ScheduleRule):

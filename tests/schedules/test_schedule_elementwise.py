@@ -73,3 +73,36 @@ def test_transpose_vectorized_along_its_innermost_axis():
     out = tvm.runtime.empty((1, 8, 8, 7, 7, 32), "float32")
     lib["main"](tvm.runtime.tensor(xin), out)
     np.testing.assert_array_equal(out.numpy(), xin.transpose(0, 1, 3, 2, 4, 5))
+
+
+def test_a_gather_is_stored_once_before_a_consumer_that_reads_it_many_times():
+    """YOLOv8's head: the concat of its three heads' class logits, then a sigmoid, whose float32
+    ``exp`` polynomial reads its input many times. Inlined, every read repeated the concat's
+    selects and index arithmetic (17% of the network's run): the concat is stored once, the
+    sigmoid reads it; a cheap elementwise producer is still inlined. Numerics against float64."""
+    from topi_bn.compute.fast_math import sigmoid
+
+    a, b = te.placeholder((4, 48), name="a"), te.placeholder((4, 16), name="b")
+    cat = te.compute((4, 64), lambda i, j: tvm.tirx.if_then_else(j < 48, a[i, j], b[i, j - 48]),
+                     name="cat")
+    scaled = te.compute((4, 64), lambda i, j: cat[i, j] * 0.5, name="scaled")
+    y = te.compute((4, 64), lambda i, j: sigmoid(scaled(i, j)), name="y")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b, y])}))
+    assert schedule_elementwise(sch, TARGET)
+    script = sch.mod["main"].script()
+    # cat's reader reads it once: inlined there; scaled, now the gather, is stored once
+    assert 'T.sblock("cat")' not in script and 'T.sblock("scaled")' in script
+    c = te.placeholder((4, 64), name="c")
+    z = te.compute((4, 64), lambda i, j: c[i, j] + 1.0, name="z")
+    w = te.compute((4, 64), lambda i, j: sigmoid(z(i, j)), name="w")
+    sch2 = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([c, w])}))
+    assert schedule_elementwise(sch2, TARGET)
+    assert 'T.sblock("z")' not in sch2.mod["main"].script()  # cheap: inlined
+    lib = tvm.compile(sch.mod, target=TARGET)
+    rng = np.random.default_rng(0)
+    xa, xb = rng.standard_normal((4, 48)).astype("float32"), rng.standard_normal(
+        (4, 16)).astype("float32")
+    out = tvm.runtime.empty((4, 64), "float32")
+    lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), out)
+    ref = 1.0 / (1.0 + np.exp(-0.5 * np.concatenate([xa, xb], 1).astype("float64")))
+    assert_close(out.numpy(), ref, "float32")
