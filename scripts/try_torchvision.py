@@ -20,6 +20,10 @@ process of its own, so one crash does not end the run.
 transformers``; two layers, random weights, 64 token ids or a picture), judged on its
 ``last_hidden_state``; ``seg:NAME`` a ``torchvision.models.segmentation`` model (10 classes),
 judged on its ``out`` map (``--models seg:deeplabv3_resnet50,seg:lraspp_mobilenet_v3_large``).
+``yolo:NAME`` an ``ultralytics`` detector built from its packaged config (``yolo:yolov8n``,
+``yolo:yolo11n``; random weights, batch-norm statistics randomized then folded into the convs
+as ``model.fuse()`` and its ONNX export do), judged on the exported head's output (``pip
+install --no-deps ultralytics opencv-python-headless``: its other requirements are here).
 
 Needs ``torchvision`` (``pip install --no-deps torchvision==0.28.0`` beside torch 2.13.0; that
 wheel's compiled ops were built against the CUDA build of torch and fail to register with the
@@ -100,8 +104,8 @@ HF_MODELS = {
 
 def _model(name: str, size: int, batch: int, train: bool):
     """``(model, input)``: a torchvision model (batch-norm statistics randomized) on a
-    ``size`` x ``size`` picture, ``seg:NAME`` of ``torchvision.models.segmentation``, or
-    ``hf:NAME`` of :data:`HF_MODELS`."""
+    ``size`` x ``size`` picture, ``seg:NAME`` of ``torchvision.models.segmentation``,
+    ``yolo:NAME`` an ``ultralytics`` detector, or ``hf:NAME`` of :data:`HF_MODELS`."""
     import torch
 
     from topi_bn.bench.networks import torchvision_model
@@ -120,6 +124,16 @@ def _model(name: str, size: int, batch: int, train: bool):
         net = getattr(models.segmentation, name[4:])(weights=None, weights_backbone=None,
                                                      num_classes=10)
         return randomize_bn(OutMap(net)).train(train), torch.randn(batch, 3, size, size)
+    if name.startswith("yolo:"):  # ultralytics: the exported detector, its (N, 84, anchors)
+        from ultralytics.nn.modules import Detect
+        from ultralytics.nn.tasks import DetectionModel
+
+        net = randomize_bn(DetectionModel(f"{name[5:]}.yaml", verbose=False)).eval()
+        net = net.fuse(verbose=False)  # BN folded into the convs, as its ONNX export does
+        for m in net.modules():
+            if isinstance(m, Detect):
+                m.export, m.format = True, "onnx"
+        return net.train(train), torch.rand(batch, 3, size, size)
     if not name.startswith("hf:"):
         kwargs = {"image_size": size} if name.startswith("vit_") else {}
         x = torch.randn(batch, 3, size, size)
