@@ -41,8 +41,9 @@ ANCHORS = {
 }
 
 #: Block annotation of :func:`topi_bn.compute.resize.resize2d` naming each block's part
-#: (``"table"``, ``"cols"`` or ``"rows"``: the first stage, ``"output"``), which :mod:`.cpu_resize` matches: TVM's resize op,
-#: computed by topi-bn on CPUs, is not a topi-bn op (no ``schedule_rule``, no tuning).
+#: (``"table"``, ``"cols"`` or ``"rows"``: the first stage, ``"output"``), which
+#: :mod:`.cpu_resize` matches: TVM's resize op, computed by topi-bn on CPUs, is not a topi-bn
+#: op (no ``schedule_rule``, no tuning).
 RESIZE_PART = "topi_bn.resize"
 
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)

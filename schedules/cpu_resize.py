@@ -13,9 +13,9 @@ does when the first stage is along the height (downsampling it). NHWC: ``(n, row
 parallel, vectors of channels. The function is opaque to FuseOps (several blocks), so nothing
 is fused into it; the add after an FPN's upsampling is a residual of the conv it adds to.
 
-Zen 3, 2 threads, 21 classes from 40x40 to 320x320 (LRASPP's and DeepLabV3's last op): TVM's
-compute vectorized by the elementwise rule 4.4-6.4 ms, ONNX Runtime 2.4-3.4 ms, this 0.3 ms
-(about the time the 8.6 MB of output take to write).
+Zen 3, 2 threads, 21 classes from 40x40 to 320x320 (LRASPP's and DeepLabV3's last op), each in
+its own process, three rounds: TVM's compute vectorized by the elementwise rule 4.8-5.3 ms,
+ONNX Runtime 2.4-7.8 ms, this 0.37-1.08 ms (writing the 8.6 MB of output takes about 0.3 ms).
 """
 from __future__ import annotations
 

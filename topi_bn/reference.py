@@ -270,8 +270,12 @@ def _resize_source(i: np.ndarray, n_in: int, n_out: int, mode: str) -> np.ndarra
                      f"got {mode!r}")
 
 
-_NEAREST = {"round": lambda c: np.floor(c + 0.5), "floor": np.floor, "ceil": np.ceil, "round_prefer_floor": lambda c: np.ceil(c - 0.5),
-            "round_prefer_ceil": lambda c: np.floor(c + 0.5)}
+def _round_half_up(c):
+    return np.floor(c + 0.5)
+
+
+_NEAREST = {"floor": np.floor, "ceil": np.ceil, "round": _round_half_up,
+            "round_prefer_ceil": _round_half_up, "round_prefer_floor": lambda c: np.ceil(c - 0.5)}
 
 
 def _resize_axis(x: np.ndarray, axis: int, n_out: int, method: str, mode: str,

@@ -4,8 +4,8 @@ computed one axis at a time.
 TVM's own compute gives every output element its four source pixels from index arithmetic on
 both axes (float coordinates, ``floor``, clamps) and reads them wherever they fall; on a CPU its
 vectorized loop gathers them. The final bilinear upsampling of a segmentation head, 21 classes
-from 40x40 to 320x320, took 4.4-6.4 ms that way on a Zen 3 (2 threads; ONNX Runtime 2.4-3.4 ms),
-a fifth of LRASPP-MobileNetV3's run.
+from 40x40 to 320x320, took 4.8-5.3 ms that way on a Zen 3 (2 threads; ONNX Runtime 2.4-7.8 ms),
+a fifth of LRASPP-MobileNetV3's run; one axis at a time, 0.37-1.08 ms.
 
 Here the two axes are separate stages, as bilinear interpolation allows (it is the product of
 two linear ones; nearest is the same with one tap):

@@ -76,7 +76,7 @@ class ScheduleCpuGraphOps:
       blocked (ResNet's 3x3 stride-2 max pool on NCHW8c 64x112x112: 0.14 -> 0.04 ms);
     - :class:`topi_bn.schedules.cpu_resize.Resize`: the 2-D resizes of
       :mod:`topi_bn.compute.resize` (a segmentation head's 21 x 40 x 40 -> 320 x 320 bilinear
-      upsampling: TVM's compute 4.4-6.4 ms, 0.4-0.5 ms);
+      upsampling, Zen 3: TVM's compute 4.8-5.3 ms, 0.37-1.08 ms);
     - :class:`topi_bn.schedules.cpu_layout.LayoutTransform`: the NCHW <-> NCHW[cb]c
       transforms at the edges of a blocked graph (the 224x224 image to NCHW3c: 48 -> 10 us).
 
