@@ -13,7 +13,11 @@ in L2: consecutive tasks then share their input rows) are one parallel loop; eac
 ``task_rows`` output rows of ``oc_blocks`` channel blocks, tile by tile along the row. On small
 maps (7x7, 14x14) a task computes all rows with the input-channel blocks outermost instead
 (``k_outer``): its output accumulates in a buffer block by block, so the weights, which there
-come from memory once a network run, are read at an even rate over the whole task.
+come from memory once a network run, are read at an even rate over the whole task. So do the
+small maps with long reductions whose weights per register tile fill the L2 (the ASPP regions
+of segmentation heads), where tiles running the whole reduction would stream them again for
+every row; there a task holds two register tiles of channel blocks (it reads the input, which
+fits nowhere, half as often).
 
 - 1x1, 3x3, 7x7 stride 2 and grouped convs share this template; the knobs differ (a 1x1 conv
   on a narrow map prefers two rows per tile, a wide one a long row).
@@ -50,6 +54,8 @@ broadcast into a register half an FMA (:class:`~topi_bn.schedules.cpu.CpuParams`
 1 x 14 on maps of 14 columns and more, 1 x 7 or 4 x 5 (input blocks outermost) on 7x7 maps.
 Nothing of this was timed on an AVX-512 CPU.
 """
+# Long because: the conv template, its knobs and their default cost model, the two loop
+# structures (register tiles over the whole reduction, input blocks outermost) read together.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -125,6 +131,12 @@ class NchwcConvConfig:
         thread runs one after the other share their input rows (the weights stay in L2), or
         channel chunks outside, so that they share their weights (the input is re-read from the
         cache once per channel chunk). Not tuned (a trace cannot choose a loop order).
+    k_outer : bool
+        Input-channel blocks outermost in a task that computes all rows of its channel blocks
+        (:meth:`prefer_k_outer`). Not tuned.
+    task_tiles : int
+        With ``k_outer``: register tiles of ``oc_blocks`` channel blocks per task, one after
+        the other for each input block (:meth:`_k_outer`); ignored otherwise.
     """
 
     oc_blocks: int
@@ -134,6 +146,7 @@ class NchwcConvConfig:
     unroll: int = 0
     rows_outer: bool = False
     k_outer: bool = False
+    task_tiles: int = 1
 
     @staticmethod
     def max_oc_blocks(s: NchwcShape) -> int:
@@ -194,18 +207,39 @@ class NchwcConvConfig:
             return cls(oc_blocks=1, tile_h=1, tile_w=tw, task_rows=rows)
         # with input blocks outermost, a row's last partial tile runs in a loop of its own
         # (no predicate): tiles need not divide OW there
-        kt, th, tw = cls._best_tile(s, p, remainder_loop=True)
-        if cls.prefer_k_outer(s, p, kt):
-            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
-        kt, th, tw = cls._best_tile(s, p, remainder_loop=False)
-        if cls.prefer_k_outer(s, p, kt):
-            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
+        for remainder_loop in (True, False):
+            kt, th, tw = cls._best_tile(s, p, remainder_loop=remainder_loop)
+            if cls.prefer_k_outer(s, p, kt):
+                return cls._k_outer(s, p, (kt, th, tw), remainder_loop)
         return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=th,
                    rows_outer=cls.prefer_rows_outer(s, p, kt, th))
 
     @classmethod
-    def _best_tile(cls, s: NchwcShape, p, remainder_loop: bool) -> tuple[int, int, int]:
-        """``(oc_blocks, tile_h, tile_w)`` of the lowest :func:`_tile_cost`. With
+    def _k_outer(cls, s: NchwcShape, p, best: tuple[int, int, int],
+                 remainder_loop: bool) -> "NchwcConvConfig":
+        """The default with input blocks outermost (:meth:`prefer_k_outer`), whose tile
+        ``best`` is the lowest-cost one. Where the input does not fit in half the L2 (blocks
+        outermost for the weights, :meth:`weights_beyond_l2`), each task reads all of it from
+        L3: two register tiles of channel blocks per task read it half as often (while 4 tasks
+        per core remain), and the tiles are one row (a 12x16 ASPP region on Zen 3, 2 threads,
+        caches flushed: 2 blocks x 3 rows x 2 columns 17.9 ms, 2 x 2 x 2 16.8, 2 x 1 x 4 10.4,
+        2 x 1 x 6 10.0, the blocks outermost only for the weights)."""
+        kt, th, tw = best
+        if 4 * s.in_elems <= p.l2_bytes // 2:
+            return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True)
+        row = cls._best_tile(s, p, remainder_loop=remainder_loop, max_rows=1)
+        if cls.prefer_k_outer(s, p, row[0]):
+            kt, th, tw = row
+        tiles = 2 if s.oc_chunks % (2 * kt) == 0 and s.oc_chunks // (2 * kt) >= 4 * p.cores \
+            else 1
+        return cls(oc_blocks=kt, tile_h=th, tile_w=tw, task_rows=s.out_h, k_outer=True,
+                   task_tiles=tiles)
+
+    @classmethod
+    def _best_tile(cls, s: NchwcShape, p, remainder_loop: bool,
+                   max_rows: int = 4) -> tuple[int, int, int]:
+        """``(oc_blocks, tile_h, tile_w)`` of the lowest :func:`_tile_cost`, at most
+        ``max_rows`` rows (and 4). With
         ``remainder_loop`` a partial last tile costs what it computes (it runs in a loop of its
         own) but must leave a vector register spare (a tile using all 16 AVX2 registers ran
         the 1x1 160->960 conv at 7x7 11% slower than 1 block x 7); else it costs
@@ -216,7 +250,7 @@ class NchwcConvConfig:
         best = None
         for kt in divisors(s.oc_chunks, cls.max_oc_blocks(s)):
             most = cls.max_positions(s, p, kt)
-            for th in divisors(s.out_h, min(4, most)):
+            for th in divisors(s.out_h, min(max_rows, most)):
                 for tw in range(1, most // th + 1):
                     rest = s.out_w % tw
                     if remainder_loop and rest and kt * (th * tw + 1) + 1 >= p.vector_registers:
@@ -239,19 +273,37 @@ class NchwcConvConfig:
     @staticmethod
     def prefer_k_outer(s: NchwcShape, p, oc_blocks: int) -> bool:
         """Input-channel blocks outermost, each task computing all rows of its ``oc_blocks``
-        channel blocks, when that output fits in half the L1, the input in half the L2 (each
-        task reads all of it) and there are 4 tasks per core: the small maps at the end of a
-        network, whose weights (up to 9 MB) come from memory once per network run. There a
-        register tile running the whole reduction reads its weight slice at the rate of its
-        FMAs from memory for its first row; blocks outermost spread that read over the task
-        (Zen 3, 2 threads, caches flushed as in a network: ResNet-50's 1x1 2048->512 at 7x7
-        0.75 -> 0.63 ms, 3x3 512 at 7x7 1.61 -> 1.51 ms, 3x3 256 at 14x14 1.31 -> 1.21 ms; 1x1
-        1024->2048 stride 2, whose 800 KB input does not fit, 1.61 -> 1.80 ms)."""
+        channel blocks, when that output fits in half the L1, there are 4 tasks per core, and
+        either the input fits in half the L2 (each task reads all of it) or a tile's slice of
+        the weights does not (:meth:`weights_beyond_l2`).
+
+        The small maps at the end of a network, whose weights (up to 9 MB) come from memory
+        once per network run: there a register tile running the whole reduction reads its
+        weight slice at the rate of its FMAs from memory for its first row; blocks outermost
+        spread that read over the task (Zen 3, 2 threads, caches flushed as in a network:
+        ResNet-50's 1x1 2048->512 at 7x7 0.75 -> 0.63 ms, 3x3 512 at 7x7 1.61 -> 1.51 ms, 3x3
+        256 at 14x14 1.31 -> 1.21 ms; 1x1 1024->2048 stride 2, whose 800 KB input does not fit,
+        1.61 -> 1.80 ms)."""
         if s.depthwise:
             return False
         out_bytes = 4 * oc_blocks * s.out_h * s.out_w * s.out_block
-        return (4 * s.in_elems <= p.l2_bytes // 2 and out_bytes <= p.l1_bytes // 2
-                and s.oc_chunks // oc_blocks >= 4 * p.cores)
+        if out_bytes > p.l1_bytes // 2 or s.oc_chunks // oc_blocks < 4 * p.cores:
+            return False
+        return 4 * s.in_elems <= p.l2_bytes // 2 or NchwcConvConfig.weights_beyond_l2(
+            s, p, oc_blocks)
+
+    @staticmethod
+    def weights_beyond_l2(s: NchwcShape, p, oc_blocks: int) -> bool:
+        """Whether the weights of ``oc_blocks`` channel blocks (what one register tile reads
+        over its whole reduction) take a quarter of the L2 or more (the input rows and the
+        output want the rest): with tiles running the whole reduction, each row of tiles then
+        streams them again from L3 or memory. The small maps with long reductions of
+        segmentation heads: DeepLabV3's ASPP convs, cut into regions of at most 16x16 outputs
+        with 2048 input channels and up to 3x3 taps (4096-18432 multiply-adds per output, 256
+        KB-1.2 MB per 2 channel blocks), ran 1.15-2.3x faster with input blocks outermost (Zen
+        3, 2 threads, one region at a time, caches flushed; the 16x16 region 37-54 -> 19-22 ms).
+        """
+        return 4 * oc_blocks * s.reduction * s.out_block >= p.l2_bytes // 4
 
     @staticmethod
     def prefer_rows_outer(s: NchwcShape, p, oc_blocks: int, rows: int) -> bool:
@@ -349,15 +401,18 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     unroll = knob(sch, tunable, [0, 16, 64], cfg.unroll)
 
     n, ko, oh, ow, kb = sch.get_loops(act)
-    ko_o, ko_i = sch.split(ko, tile(sch, tunable, ko, [None, cfg.oc_blocks],
-                                     NchwcConvConfig.max_oc_blocks(s)))
+    groups = cfg.task_tiles if cfg.k_outer and not depthwise else 1
+    ko_parts = sch.split(ko, tile(sch, tunable, ko, [None, cfg.oc_blocks] if groups == 1 else
+                                  [None, groups, cfg.oc_blocks], NchwcConvConfig.max_oc_blocks(s)))
+    ko_o, ko_m, ko_i = ko_parts if groups > 1 else (ko_parts[0], None, ko_parts[1])
     mult = cfg.task_rows // cfg.tile_h
     oh_o, oh_m, oh_i = sch.split(oh, tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
     # any tile width (not only divisors of OW): the last tile may be partial
     tw = knob(sch, tunable, range(1, most + 1), cfg.tile_w)
     ow_o, ow_i = sch.split(ow, [None, tw])
     outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
-    sch.reorder(n, *outer, oh_m, ow_o, ko_i, oh_i, ow_i, kb)
+    sch.reorder(n, *outer, *([ko_m] if ko_m is not None else []), oh_m, ow_o, ko_i, oh_i, ow_i,
+                kb)
     # a last, partial tile (OW not a multiple of the tile): the hint asks LoopPartition to peel
     # it off; in TVM 0.27 it does not (see the module docstring), which the default allows for
     sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
@@ -371,7 +426,7 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
 
     vectorize_channel_params(sch, blocks, p.lanes)
     if cfg.k_outer and not depthwise:  # the conv's tile is not tuned here (a loop structure)
-        _conv_k_outer(sch, conv, task, cfg.tile_h, cfg.tile_w)
+        _conv_k_outer(sch, conv, task, cfg.tile_h, cfg.tile_w, extent(sch, ko_i))
     else:
         _conv_at_tile(sch, conv, ow_o, depthwise)
     if "pad" in blocks:
@@ -401,7 +456,7 @@ def vectorize_channel_params(sch: tvm.s_tir.Schedule, blocks: dict, lanes: int) 
                 sch.vectorize(sch.split(k, [None, lanes])[1])
 
 
-def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int):
+def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int, oc_blocks: int):
     """The conv's whole task under the task loop, input-channel blocks outermost: per block,
     the task's ``tile_h x tile_w`` register tiles over ``ry, rx, rci`` (accumulators loaded and
     stored once per block). A row's last, partial tile (``tile_w`` not dividing OW) runs in a
@@ -409,7 +464,11 @@ def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int):
     sch.compute_at(conv, task, preserve_unit_loops=True)
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rci = sch.get_loops(conv)[-9:]
     c_ohm, c_ohi = sch.split(c_oh, [None, tile_h])
-    sch.reorder(c_n, rco, c_ohm, c_ow, ry, rx, rci, c_ohi, c_ko, c_kb)
+    c_kom = []
+    if extent(sch, c_ko) > oc_blocks:  # several register tiles' channels per task
+        c_kom, c_ko = sch.split(c_ko, [None, oc_blocks])
+        c_kom = [c_kom]
+    sch.reorder(c_n, rco, *c_kom, c_ohm, c_ow, ry, rx, rci, c_ohi, c_ko, c_kb)
     for lp in (rci, c_ohi, c_ko):
         sch.unroll(lp)
     sch.vectorize(c_kb)

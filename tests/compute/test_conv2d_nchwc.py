@@ -593,15 +593,30 @@ def test_default_tile_prefers_fewer_channel_blocks_at_equal_cost():
     assert (cfg.oc_blocks, cfg.tile_h, cfg.tile_w) == (2, 2, 2)
 
 
+#: a dilated conv without padding (as the regions ``topi_bn.relax.taps`` cuts from an ASPP
+#: conv), four output channel blocks
+DILATED_REGION = ("3x3_d3_region", (1, 16, 12, 11, 32, 3), 1, (8, 8), 1, 0, 3, "relu", True,
+                  False)
+
+
+_K_OUTER_CASES = ([("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
+                  + [("float16", CASES[2]), ("float32", DILATED_REGION)])
+
+
 @pytest.mark.requires("avx2")
-@pytest.mark.parametrize("dtype,case",
-                         [("float32", c) for c in CASES if c[2] == 1 or c[0] == "grouped"]
-                         + [("float16", CASES[2])],
-                         ids=lambda v: v if isinstance(v, str) else v[0])
-def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case):
+@pytest.mark.parametrize(
+    "dtype,case,tiles",
+    [(d, c, 1) for d, c in _K_OUTER_CASES]
+    # two tiles of channel blocks per task where the conv has two blocks or more
+    + [(d, c, 2) for d, c in _K_OUTER_CASES if c[1][4] >= 2 * c[3][1]],
+    ids=lambda v: v if isinstance(v, str) else
+    ({1: "one_tile", 2: "two_tiles"}[v] if isinstance(v, int) else v[0]))
+def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case, tiles):
     """The schedule with input-channel blocks outermost in a task (``k_outer``: the task's
     output accumulated block by block in a buffer), forced on every conv of the cases (the
-    default picks it only for maps and channel counts larger than a test's), against float64."""
+    default picks it only for maps and channel counts larger than a test's), with one register
+    tile of channel blocks per task or two (``task_tiles``: one channel block each where the
+    conv has two), against float64."""
     import dataclasses
 
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
@@ -614,8 +629,12 @@ def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case)
             return cfg
         # tiles of 4 columns where 4 does not divide OW: the remainder loop runs too
         tw = 4 if s.out_w > 4 and s.out_w % 4 else cfg.tile_w
+        blocks = cfg.oc_blocks
+        if tiles == 2 and s.oc_chunks % (2 * blocks):
+            blocks = 1
+        assert s.oc_chunks % (tiles * blocks) == 0
         return dataclasses.replace(cfg, k_outer=True, task_rows=s.out_h, rows_outer=False,
-                                   tile_h=1, tile_w=tw)
+                                   tile_h=1, tile_w=tw, oc_blocks=blocks, task_tiles=tiles)
 
     monkeypatch.setattr(NchwcConvConfig, "default", staticmethod(k_outer))
     arrays, kwargs = _case(rng, case, dtype)
@@ -635,6 +654,12 @@ def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case)
     act_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("bn_act"))]
     shared = [lp for lp in conv_loops if any(lp.same_as(a) for a in act_loops)]
     assert len(shared) == 1 and int(shared[0].kind) == int(tvm.tirx.ForKind.PARALLEL)  # the task
+    # under the task, the conv's loops over its channel blocks (``ax1``, the block's second
+    # axis): with two tiles per task, a loop of 2 (the tiles) outside the loop over rows
+    under = [(lp.loop_var.name, int(lp.extent)) for lp in conv_loops[conv_loops.index(
+        shared[0]) + 1:]]
+    rows = next(i for i, (name, _) in enumerate(under) if name.startswith("ax2"))
+    assert (("ax1_0", 2) in under[:rows]) == (tiles == 2), under
     (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
                     schedule=True)
     _check(got, arrays, kwargs, dtype)
@@ -664,6 +689,51 @@ def test_input_blocks_outermost_on_small_maps_only():
     for name in ("conv1x1_1024_2048_14_s2_none", "conv3x3_128_128_28_s1_relu",
                  "conv1x1_64_64_56_s1_relu"):
         assert not cfg(name).k_outer, name
+
+
+def test_input_blocks_outermost_where_a_tiles_weights_fill_the_l2(template_at_default):
+    """DeepLabV3's ASPP regions (``topi_bn.relax.taps``: up to 16x16 outputs of a dilated 3x3
+    conv with 2048 input channels on a 40x40 map; 2-9 taps): a register tile's weights take a
+    quarter of the L2 or more, and the default puts input blocks outermost with two one-row
+    tiles per task (the input, 13 MB, fits nowhere; 2x faster on Zen 3). Not where a task's
+    output does not fit in half the L1 (the 32x32 region of one tap), nor where the weights of
+    a tile are small (ResNet-50's 1x1 1024->2048 stride 2, pinned above)."""
+    from topi_bn.schedules.helpers import cpu_params
+    from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig, NchwcShape
+
+    p = cpu_params(resolve_target("x86-avx2"))
+
+    def region(out_h, out_w, taps):
+        return NchwcShape(oc_chunks=32, out_h=out_h, out_w=out_w, out_block=8, kernel=taps,
+                          reduction=2048 * taps, depthwise=False, in_elems=2048 * 40 * 40,
+                          weight_elems=256 * 2048 * taps)
+
+    for out_h, out_w, taps in ((16, 16, 9), (12, 16, 6), (16, 12, 6), (12, 12, 4), (16, 8, 2)):
+        s = region(out_h, out_w, taps)
+        cfg = NchwcConvConfig.default(s, p)
+        assert NchwcConvConfig.weights_beyond_l2(s, p, cfg.oc_blocks), (s, cfg)
+        assert cfg.k_outer and cfg.task_tiles == 2 and cfg.tile_h == 1, (s, cfg)
+        assert cfg.task_rows == out_h and not cfg.rows_outer, (s, cfg)
+        assert s.oc_chunks % (cfg.task_tiles * cfg.oc_blocks) == 0
+    cfg = NchwcConvConfig.default(region(32, 32, 1), p)
+    assert not cfg.k_outer and cfg.task_tiles == 1, cfg
+
+    # the conv itself (the 16x16 region of a dilation-12 conv): the shape read from its blocks
+    # is the one above, and the tunable template at its initial decisions is the default
+    from topi_bn import workloads
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+
+    region_16 = workloads.Workload(
+        name="aspp.region16", op="conv2d_bn_act_nchwc", block=8,
+        shapes={"data": (1, 256, 40, 40, 8), "weight": (32, 256, 3, 3, 8, 8), "gamma": (256,),
+                "beta": (256,), "mean": (256,), "var": (256,)},
+        params={"strides": 1, "padding": 0, "dilation": 12, "groups": 1, "activation": "relu"})
+    target = resolve_target("x86-avx2")
+    func = workload_prim_func(region_16, "float32", target)
+    s = _conv_shape(func)
+    assert (s.out_h, s.out_w, s.reduction, s.in_elems) == (16, 16, 18432, 2048 * 40 * 40)
+    assert NchwcConvConfig.default(s, p).task_tiles == 2
+    template_at_default(build_visible_mod(func), target)
 
 
 # -- AVX-512 (16 lanes, 32 registers): default tiles, their code, their numerics -----------------------
