@@ -605,23 +605,26 @@ _K_OUTER_CASES = ([("float32", c) for c in CASES if c[2] == 1 or c[0] == "groupe
 
 @pytest.mark.requires("avx2")
 @pytest.mark.parametrize(
-    "dtype,case,tiles",
-    [(d, c, 1) for d, c in _K_OUTER_CASES]
+    "dtype,case,variant",
+    [(d, c, "one_tile") for d, c in _K_OUTER_CASES]
     # two tiles of channel blocks per task where the conv has two blocks or more
-    + [(d, c, 2) for d, c in _K_OUTER_CASES if c[1][4] >= 2 * c[3][1]],
-    ids=lambda v: v if isinstance(v, str) else
-    ({1: "one_tile", 2: "two_tiles"}[v] if isinstance(v, int) else v[0]))
-def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case, tiles):
+    + [(d, c, "two_tiles") for d, c in _K_OUTER_CASES if c[1][4] >= 2 * c[3][1]]
+    # tasks of a few rows (outputs 6, 9 and 6 rows high)
+    + [(d, c, "row_chunks") for d, c in _K_OUTER_CASES
+       if d == "float32" and c[0] in ("1x1", "3x3", DILATED_REGION[0])],
+    ids=lambda v: v if isinstance(v, str) else v[0])
+def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case, variant):
     """The schedule with input-channel blocks outermost in a task (``k_outer``: the task's
     output accumulated block by block in a buffer), forced on every conv of the cases (the
-    default picks it only for maps and channel counts larger than a test's), with one register
-    tile of channel blocks per task or two (``task_tiles``: one channel block each where the
-    conv has two), against float64."""
+    default picks it only for maps and channel counts larger than a test's): tasks of all rows
+    with one register tile of channel blocks or two (``task_tiles``: one channel block each
+    where the conv has two), or tasks of a few rows, against float64."""
     import dataclasses
 
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
 
     default = NchwcConvConfig.default
+    tiles = 2 if variant == "two_tiles" else 1
 
     def k_outer(s, p):
         cfg = default(s, p)
@@ -633,7 +636,10 @@ def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case,
         if tiles == 2 and s.oc_chunks % (2 * blocks):
             blocks = 1
         assert s.oc_chunks % (tiles * blocks) == 0
-        return dataclasses.replace(cfg, k_outer=True, task_rows=s.out_h, rows_outer=False,
+        rows = min(r for r in range(2, s.out_h + 1) if s.out_h % r == 0) \
+            if variant == "row_chunks" else s.out_h
+        assert rows < s.out_h or variant != "row_chunks"
+        return dataclasses.replace(cfg, k_outer=True, task_rows=rows, rows_outer=False,
                                    tile_h=1, tile_w=tw, oc_blocks=blocks, task_tiles=tiles)
 
     monkeypatch.setattr(NchwcConvConfig, "default", staticmethod(k_outer))
@@ -660,6 +666,9 @@ def test_input_blocks_outermost_matches_reference(rng, monkeypatch, dtype, case,
         shared[0]) + 1:]]
     rows = next(i for i, (name, _) in enumerate(under) if name.startswith("ax2"))
     assert (("ax1_0", 2) in under[:rows]) == (tiles == 2), under
+    # the rows of one task (the conv's row loops under the task) against the output's
+    task_rows = int(np.prod([ext for name, ext in under if name.startswith("ax2")]))
+    assert (task_rows < int(out.shape[2])) == (variant == "row_chunks"), (under, out.shape)
     (got,) = run_te(list(ph.values()), out, list(arrays.values()), target="x86-avx2",
                     schedule=True)
     _check(got, arrays, kwargs, dtype)
@@ -718,6 +727,20 @@ def test_input_blocks_outermost_where_a_tiles_weights_fill_the_l2(template_at_de
     cfg = NchwcConvConfig.default(region(32, 32, 1), p)
     assert not cfg.k_outer and cfg.task_tiles == 1, cfg
 
+    # the dilated ResNet-50's layer4 (40x40 map): the 3x3 512-channel convs in tasks of a few
+    # rows; not its 1x1 convs nor layer3's 3x3 256-channel ones (a tile's weights fit)
+    def backbone(c_in, c_out, taps):
+        return NchwcShape(oc_chunks=c_out // 8, out_h=40, out_w=40, out_block=8, kernel=taps,
+                          reduction=c_in * taps, depthwise=False, in_elems=c_in * 48 * 48,
+                          weight_elems=c_out * c_in * taps)
+
+    cfg = NchwcConvConfig.default(backbone(512, 512, 9), p)
+    assert cfg.k_outer and cfg.tile_h == 1 and cfg.task_rows == 5 and cfg.task_tiles == 1, cfg
+    assert 4 * cfg.oc_blocks * 5 * 40 * 8 <= p.l1_bytes // 2
+    for c_in, c_out, taps in ((2048, 512, 1), (512, 2048, 1), (256, 256, 9)):
+        cfg = NchwcConvConfig.default(backbone(c_in, c_out, taps), p)
+        assert not cfg.k_outer, (c_in, c_out, taps, cfg)
+
     # the conv itself (the 16x16 region of a dilation-12 conv): the shape read from its blocks
     # is the one above, and the tunable template at its initial decisions is the default
     from topi_bn import workloads
@@ -733,6 +756,11 @@ def test_input_blocks_outermost_where_a_tiles_weights_fill_the_l2(template_at_de
     s = _conv_shape(func)
     assert (s.out_h, s.out_w, s.reduction, s.in_elems) == (16, 16, 18432, 2048 * 40 * 40)
     assert NchwcConvConfig.default(s, p).task_tiles == 2
+    template_at_default(build_visible_mod(func), target)
+    # and one of tasks of a few rows (ResNet-50's, pinned above)
+    func = workload_prim_func("resnet50.conv3x3_256_256_28_s2_relu.nchw8c", "float32", target)
+    cfg = NchwcConvConfig.default(_conv_shape(func), p)
+    assert cfg.k_outer and cfg.task_rows < _conv_shape(func).out_h, cfg
     template_at_default(build_visible_mod(func), target)
 
 
@@ -801,7 +829,8 @@ def test_avx2_cost_model_and_defaults_are_unchanged():
     pinned = {  # name: (oc_blocks, tile_h, tile_w, task_rows, rows_outer, k_outer)
         "resnet50.conv1x1_256_64_56_s1_relu.nchw8c": (2, 1, 4, 1, True, False),
         "resnet50.conv3x3_128_128_56_s2_relu.nchw8c": (2, 1, 4, 1, False, False),
-        "resnet50.conv3x3_256_256_28_s2_relu.nchw8c": (2, 2, 2, 2, False, False),
+        # input blocks outermost in tasks of 7 rows (k_outer_task_rows): 2.07 -> 1.86 ms
+        "resnet50.conv3x3_256_256_28_s2_relu.nchw8c": (4, 1, 2, 7, False, True),
         "resnet50.conv3x3_256_256_14_s1_relu.nchw8c": (2, 2, 2, 14, False, True),
         "resnet50.conv1x1_1024_2048_14_s2_none.nchw8c": (1, 1, 7, 1, True, False),
         "resnet50.conv3x3_512_512_7_s1_relu.nchw8c": (2, 1, 4, 7, False, True),
