@@ -133,8 +133,8 @@ class NchwcConvConfig:
         channel chunks outside, so that they share their weights (the input is re-read from the
         cache once per channel chunk). Not tuned (a trace cannot choose a loop order).
     k_outer : bool
-        Input-channel blocks outermost in a task that computes all rows of its channel blocks
-        (:meth:`prefer_k_outer`). Not tuned.
+        Input-channel blocks outermost in a task of ``task_rows`` rows of its channel blocks
+        (all rows: :meth:`prefer_k_outer`; a few: :meth:`k_outer_task_rows`). Not tuned.
     task_tiles : int
         With ``k_outer``: register tiles of ``oc_blocks`` channel blocks per task, one after
         the other for each input block (:meth:`_k_outer`); ignored otherwise.
@@ -429,18 +429,17 @@ def schedule_conv_nchwc(sch: tvm.s_tir.Schedule, conv, target: Target, tunable: 
     unroll = knob(sch, tunable, [0, 16, 64], cfg.unroll)
 
     n, ko, oh, ow, kb = sch.get_loops(act)
-    groups = cfg.task_tiles if cfg.k_outer and not depthwise else 1
-    ko_parts = sch.split(ko, tile(sch, tunable, ko, [None, cfg.oc_blocks] if groups == 1 else
-                                  [None, groups, cfg.oc_blocks], NchwcConvConfig.max_oc_blocks(s)))
-    ko_o, ko_m, ko_i = ko_parts if groups > 1 else (ko_parts[0], None, ko_parts[1])
+    tiles = cfg.task_tiles if cfg.k_outer and not depthwise else 1
+    ko_parts = sch.split(ko, tile(sch, tunable, ko, [None, cfg.oc_blocks] if tiles == 1 else
+                                  [None, tiles, cfg.oc_blocks], NchwcConvConfig.max_oc_blocks(s)))
+    ko_o, ko_i = ko_parts[0], ko_parts[-1]
     mult = cfg.task_rows // cfg.tile_h
     oh_o, oh_m, oh_i = sch.split(oh, tile(sch, tunable, oh, [None, mult, cfg.tile_h], 4))
     # any tile width (not only divisors of OW): the last tile may be partial
     tw = knob(sch, tunable, range(1, most + 1), cfg.tile_w)
     ow_o, ow_i = sch.split(ow, [None, tw])
     outer = (oh_o, ko_o) if cfg.rows_outer else (ko_o, oh_o)
-    sch.reorder(n, *outer, *([ko_m] if ko_m is not None else []), oh_m, ow_o, ko_i, oh_i, ow_i,
-                kb)
+    sch.reorder(n, *outer, *ko_parts[1:-1], oh_m, ow_o, ko_i, oh_i, ow_i, kb)
     # a last, partial tile (OW not a multiple of the tile): the hint asks LoopPartition to peel
     # it off; in TVM 0.27 it does not (see the module docstring), which the default allows for
     sch.annotate(ow_o, "pragma_loop_partition_hint", 1)
@@ -486,17 +485,18 @@ def vectorize_channel_params(sch: tvm.s_tir.Schedule, blocks: dict, lanes: int) 
 
 def _conv_k_outer(sch, conv, task, tile_h: int, tile_w: int, oc_blocks: int):
     """The conv's whole task under the task loop, input-channel blocks outermost: per block,
-    the task's ``tile_h x tile_w`` register tiles over ``ry, rx, rci`` (accumulators loaded and
-    stored once per block). A row's last, partial tile (``tile_w`` not dividing OW) runs in a
+    the task's ``tile_h x tile_w`` register tiles of ``oc_blocks`` channel blocks (one after
+    the other where the task has more channel blocks) over ``ry, rx, rci`` (accumulators loaded
+    and stored once per block). A row's last, partial tile (``tile_w`` not dividing OW) runs in a
     loop of its own (``loop_partition``), so no FMA is predicated."""
     sch.compute_at(conv, task, preserve_unit_loops=True)
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rci = sch.get_loops(conv)[-9:]
     c_ohm, c_ohi = sch.split(c_oh, [None, tile_h])
-    c_kom = []
-    if extent(sch, c_ko) > oc_blocks:  # several register tiles' channels per task
-        c_kom, c_ko = sch.split(c_ko, [None, oc_blocks])
-        c_kom = [c_kom]
-    sch.reorder(c_n, rco, *c_kom, c_ohm, c_ow, ry, rx, rci, c_ohi, c_ko, c_kb)
+    tiles = []
+    if extent(sch, c_ko) > oc_blocks:  # several register tiles of channel blocks per task
+        tile_loop, c_ko = sch.split(c_ko, [None, oc_blocks])
+        tiles = [tile_loop]
+    sch.reorder(c_n, rco, *tiles, c_ohm, c_ow, ry, rx, rci, c_ohi, c_ko, c_kb)
     for lp in (rci, c_ohi, c_ko):
         sch.unroll(lp)
     sch.vectorize(c_kb)
