@@ -22,9 +22,8 @@ no ``schedule_rule``.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import tvm
+import tvm_ffi
 from tvm.target import Target
 
 from .common import ScheduleRule, block_rule, root_blocks
@@ -91,20 +90,16 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     return done
 
 
-_CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices",
-             "base", "stride", "body")
-
-
 def _loads_of(expr, buffer) -> int:
     """How many times ``expr`` (a TIR expression tree) loads ``buffer``."""
-    if isinstance(expr, Sequence):  # call arguments, indices (an FFI Array is one)
-        return sum(_loads_of(e, buffer) for e in expr)
-    count = int(isinstance(expr, tvm.ir.expr.TensorLoad) and expr.source.same_as(buffer))
-    for name in _CHILDREN:
-        child = getattr(expr, name, None)
-        if isinstance(child, (tvm.tirx.Expr, Sequence)):
-            count += _loads_of(child, buffer)
-    return count
+    n = [0]
+
+    def visit(load):
+        n[0] += int(load.source.same_as(buffer))
+        return load
+
+    tvm_ffi.structural_map(expr, [(tvm.ir.expr.TensorLoad, visit)])
+    return n[0]
 
 
 def _inlining_repeats_a_gather(sch: tvm.s_tir.Schedule, b) -> bool:
