@@ -387,3 +387,70 @@ def test_cat_skips_an_empty_1d_tensor_as_pytorch_does():
     assert len(outs) == 2
     for out, ref in zip(outs, refs):
         assert_close(out.numpy(), ref.numpy(), "float32")
+
+
+def test_div_with_rounding_promotes_as_pytorch_does():
+    """``torch.div(a, b, rounding_mode=...)`` takes PyTorch's result type: a Python number the
+    tensor's type, an integer tensor a float's. TVM's converter made ``2`` an ``int32``
+    constant beside a float tensor (timm's EdgeNeXt position encoding:
+    ``torch.div(torch.arange(n, dtype=float), 2, rounding_mode="floor")``), which failed
+    to import ("Binary operators must have the same datatype")."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Div(torch.nn.Module):
+        def forward(self, x, i):
+            steps = torch.arange(12, dtype=torch.float32)
+            return (x * torch.div(steps, 2, rounding_mode="floor"),
+                    torch.div(x, 2.5, rounding_mode="trunc"),
+                    torch.div(i, 3, rounding_mode="floor"),
+                    torch.div(i, -3, rounding_mode="trunc"),
+                    torch.div(x, i, rounding_mode="floor"),
+                    torch.div(i, 2.0, rounding_mode="floor"))
+
+    net = Div().eval()
+    x = torch.linspace(-9.7, 11.3, 12)
+    i = torch.tensor([-7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 5, 8], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (x, i))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()),
+                                                        tvm.runtime.tensor(i.numpy()))
+    refs = net(x, i)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.numpy().dtype == ref.numpy().dtype
+        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+
+
+def test_advanced_indexing_as_pytorch_does():
+    """``x[..., index tensors ...]`` (``aten.index.Tensor``): the index tensors broadcast and
+    pick jointly, their axes where the indexed axes stood when adjacent, first otherwise.
+    TVM's converter failed on index tensors after full slices (``F.unfold``, timm's TNT:
+    "index_tensor: cannot broadcast index shapes") and took two 1-D indices as an outer
+    product."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Index(torch.nn.Module):
+        def forward(self, x):
+            rows, cols = torch.tensor([2, 0, 3]), torch.tensor([1, 4, 4])
+            return (x[:, :, rows[:, None], cols],            # after slices: (2, 3, 3, 3)
+                    x[:, :, rows, cols],                      # pairs: (2, 3, 3)
+                    x[torch.tensor([1, 0]), :, rows[:2]],     # not adjacent: (2, 3, 5)
+                    x[:, 1:, rows[:, None, None], cols[:2]],  # (2, 2, 3, 1, 2)
+                    torch.nn.functional.unfold(x, kernel_size=2, stride=2))
+
+    net = Index().eval()
+    x = torch.randn(2, 3, 4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (x,))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    refs = net(x)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.numpy().shape == tuple(ref.shape)
+        np.testing.assert_array_equal(out.numpy(), ref.numpy())

@@ -373,6 +373,72 @@ def _cat_skipping_empty(node, importer) -> relax.Var:
     return importer.block_builder.emit(relax.op.concat(tensors, axis=axis))
 
 
+def _div_rounding(node, importer) -> relax.Var:
+    """``aten.div.Tensor_mode`` (``torch.div(a, b, rounding_mode=...)``) with PyTorch's type
+    promotion: TVM's converter made a Python number an ``int32`` or ``float32`` constant
+    whatever the tensor's type, and ``torch.div(torch.arange(n, dtype=float), 2,
+    rounding_mode="floor")`` (timm's EdgeNeXt position encoding) failed to import with
+    "Binary operators must have the same datatype"."""
+    bb = importer.block_builder
+    a, b = importer.retrieve_args(node)[:2]
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+
+    def is_float(d):
+        return d.startswith(("float", "bfloat"))
+
+    def dtype(x):
+        return str(x.ty.dtype) if isinstance(x, relax.Expr) else None
+
+    tensors = [dtype(x) for x in (a, b) if isinstance(x, relax.Expr)]
+    floats = [d for d in tensors if is_float(d)]
+    if floats:  # a Python number takes the tensor's type, integer tensors the float's
+        common = max(floats, key=lambda d: tvm.DataType(d).bits)
+    elif mode is None or any(isinstance(x, float) for x in (a, b)):
+        common = "float32"  # true division of integers, or by a Python float: float32
+    else:
+        common = max(tensors, key=lambda d: tvm.DataType(d).bits)
+
+    def operand(x):
+        if not isinstance(x, relax.Expr):
+            return relax.const(x, common)
+        return x if dtype(x) == common else bb.emit(relax.op.astype(x, common))
+
+    a, b = operand(a), operand(b)
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(a, b))
+    quotient = bb.emit(relax.op.divide(a, b))
+    if mode == "trunc" and is_float(common):
+        return bb.emit(relax.op.trunc(quotient))
+    return quotient  # integers: TIR's division of integers truncates
+
+
+def _index(node, importer) -> relax.Var:
+    """``aten.index.Tensor`` (``x[:, :, rows, cols]``) with PyTorch's advanced indexing: the
+    index tensors broadcast together and pick elements jointly; the result's broadcast axes
+    stand where the indexed axes stood when those are adjacent, first otherwise. TVM's
+    converter broadcast the full slices before the indices as ``arange`` tensors against the
+    indices, so ``F.unfold`` (timm's TNT; im2col by two index tensors after two slices)
+    failed to import ("index_tensor: cannot broadcast index shapes"), and took 1-D or
+    column indices one axis after another (an outer product, not PyTorch's pairs)."""
+    bb = importer.block_builder
+    data, indices = importer.retrieve_args(node)[:2]
+    ndim = len(importer.shape_of(data))
+    indices = list(indices) + [None] * (ndim - len(indices))
+    picked = [i for i, idx in enumerate(indices) if idx is not None]
+    if len(picked) < 2 or any(str(indices[i].ty.dtype) == "bool" for i in picked):
+        return importer.create_convert_map()["index.Tensor"](node)  # one axis, masks: TVM's
+    kept = [i for i in range(ndim) if indices[i] is None]
+    if picked + kept != list(range(ndim)):  # the indexed axes first
+        data = bb.emit(relax.op.permute_dims(data, picked + kept))
+    out = bb.emit(relax.op.index_tensor(data, [indices[i] for i in picked]))
+    axes = len(out.ty.shape) - len(kept)  # the indices' broadcast shape
+    if picked == list(range(picked[0], picked[-1] + 1)) and picked[0] > 0:
+        before = list(range(axes, axes + picked[0]))
+        out = bb.emit(relax.op.permute_dims(
+            out, before + list(range(axes)) + list(range(axes + picked[0], len(out.ty.shape)))))
+    return out
+
+
 def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
                           **kwargs: Any) -> tvm.IRModule:
     """``tvm.relax.frontend.torch.from_exported_program`` with train-mode batch-norm fixed.
@@ -404,6 +470,8 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     convert = dict(kwargs.pop("custom_convert_map", None) or {})
     convert.setdefault("_native_batch_norm_legit_functional.default", _bn_functional)
     convert.setdefault("cat.default", _cat_skipping_empty)
+    convert.setdefault("div.Tensor_mode", _div_rounding)
+    convert.setdefault("index.Tensor", _index)
     flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
              kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
