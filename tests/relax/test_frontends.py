@@ -454,3 +454,28 @@ def test_advanced_indexing_as_pytorch_does():
     for out, ref in zip(outs, refs):
         assert out.numpy().shape == tuple(ref.shape)
         np.testing.assert_array_equal(out.numpy(), ref.numpy())
+
+
+def test_amax_and_amin_import():
+    """``torch.amax`` / ``torch.amin`` over some axes, kept or not, and over every axis (TVM's
+    importer had neither: timm's Hiera failed with "Unsupported function types")."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Extrema(torch.nn.Module):
+        def forward(self, x):
+            return (torch.amax(x, dim=1), torch.amin(x, dim=(0, 2), keepdim=True),
+                    x.amax(dim=-1, keepdim=True) - x, torch.amin(x))
+
+    net = Extrema().eval()
+    x = torch.randn(2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (x,))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    refs = net(x)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.numpy().shape == tuple(ref.shape)
+        np.testing.assert_array_equal(out.numpy(), ref.numpy())

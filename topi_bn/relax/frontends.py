@@ -439,6 +439,19 @@ def _index(node, importer) -> relax.Var:
     return out
 
 
+def _extremum(reduce):
+    """``aten.amax`` / ``aten.amin`` (``x, dim=(), keepdim=False``; no ``dim``: every axis)
+    as ``reduce`` (``relax.op.max`` / ``relax.op.min``); TVM's importer had neither (timm's
+    Hiera pools its mask units with ``amax``: "Unsupported function types")."""
+    def convert(node, importer) -> relax.Var:
+        args = importer.retrieve_args(node)
+        dim = args[1] if len(args) > 1 else node.kwargs.get("dim", ())
+        keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
+        axes = [dim] if isinstance(dim, int) else list(dim) or None
+        return importer.block_builder.emit(reduce(args[0], axes, keepdims=bool(keepdim)))
+    return convert
+
+
 def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
                           **kwargs: Any) -> tvm.IRModule:
     """``tvm.relax.frontend.torch.from_exported_program`` with train-mode batch-norm fixed.
@@ -472,6 +485,8 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     convert.setdefault("cat.default", _cat_skipping_empty)
     convert.setdefault("div.Tensor_mode", _div_rounding)
     convert.setdefault("index.Tensor", _index)
+    convert.setdefault("amax.default", _extremum(relax.op.max))
+    convert.setdefault("amin.default", _extremum(relax.op.min))
     flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
              kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
