@@ -1,16 +1,21 @@
 """CPU schedule rule (:class:`RowReduce`, in ``RULES["cpu"]`` of :mod:`topi_bn.schedules.rules`)
-of functions that reduce along their innermost axis and use the result on the same row: softmax
+of functions that reduce along one axis and use the result on the same row or column: softmax
 (maximum, exponentials, their sum, quotients) and what FuseOps fuses after it (attention's mask:
 a ``where`` on the probabilities), which TVM's CPU pipeline otherwise leaves serial.
 
 Matched: a PrimFunc of TVM's own ops with at least one reduction block, whose output block is
-elementwise over ``(*rows, n)`` and whose every reduction block reduces over ``n`` alone, with
-``rows`` its spatial axes. Schedule: elementwise blocks inlined into their consumers, except
-those a reduction reads (the exponentials: a serial reduction loop would evaluate them one by
-one, twice), the rows fused into one parallel loop, every other block computed per row under it
-(a row of 197 floats stays in L1 between the passes), the row's elementwise loops vectorized
-(or left to LLVM's loop vectorizer where no vector divides the row); a row's reductions stay
-serial.
+elementwise over the whole shape and whose every reduction block reduces one axis of it (the
+same for all) alone. Rows (the innermost axis reduced: attention's softmax): elementwise
+blocks inlined into their consumers, except those a reduction reads (the exponentials: a
+serial reduction loop would evaluate them one by one, twice), the rows fused into one parallel
+loop, every other block computed per row under it (a row of 197 floats stays in L1 between the
+passes), the row's elementwise loops vectorized (or left to LLVM's loop vectorizer where no
+vector divides the row); a row's reductions stay serial. Columns (another axis reduced: a
+segmentation map's classes, YOLO's box distributions over 16 bins): the same, over chunks of
+the innermost axis whose values on the reduced axis fit in half the L1, the other axes and the
+chunks in parallel, and the reductions vectorized too, a vector of columns inside their
+reduction loop (a chunk takes the most whole vectors that divide the innermost axis; none
+where no such chunk fits).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import tvm
 from tvm.target import Target
 
 from .common import ScheduleRule, block_rule, root_blocks
-from .helpers import cpu_params, vector_width
+from .helpers import cpu_params, divisors, vector_width
 
 __all__ = ["RowReduce", "schedule_rows"]
 
@@ -44,6 +49,20 @@ def _kinds(sch, b) -> list[int]:
     return [int(iv.iter_type) for iv in sch.get(b).iter_vars]
 
 
+def _reduced_axis(sch, reduction, ndim: int) -> int | None:
+    """The axis of the output (of ``ndim`` axes) that ``reduction`` reduces: the axis of an
+    ``ndim``-axis buffer it reads whose index is its reduction variable; None if none is."""
+    block = sch.get(reduction)
+    k = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+    if len(k) != 1:
+        return None
+    for region in block.reads:
+        axes = [i for i, r in enumerate(region.region) if r.min.same_as(k[0])]
+        if len(region.region) == ndim and len(axes) == 1:
+            return axes[0]
+    return None
+
+
 def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is matched (module docstring); returns whether
     it did."""
@@ -58,15 +77,30 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     reductions = [b for b in blocks if 2 in _kinds(sch, b)]
     if not reductions:
         return False
+    axis = _reduced_axis(sch, reductions[0], len(shape))
+    if axis is None:
+        axis = len(shape) - 1
+    columns = [*shape[:axis], *shape[axis + 1:]]  # the extents of what is reduced to
     for b in blocks:
         ext, kinds = _extents(sch, b), _kinds(sch, b)
         if ext is None or len(sch.get_loops(b)) != len(ext):
             return False
-        if 2 in kinds:  # reduces the innermost axis of a row
-            if kinds != [0] * (len(shape) - 1) + [2] or ext != shape:
+        if 2 in kinds:  # reduces one axis: the rows' (innermost) or the columns'
+            if kinds != [0] * (len(shape) - 1) + [2] or ext != columns + [shape[axis]]:
                 return False
-        elif ext[:len(shape) - 1] != shape[:-1]:  # elementwise: the same rows
-            return False
+        elif axis == len(shape) - 1 and ext[:len(shape) - 1] != shape[:-1]:
+            return False  # elementwise: the same rows
+        elif axis < len(shape) - 1 and ext not in (shape, columns):
+            return False  # elementwise: the same columns, or one value per column
+    p = cpu_params(target)
+    chunk = shape[-1]
+    if axis < len(shape) - 1:  # a chunk of columns whose values fit in half the L1
+        fits = [d for d in divisors(shape[-1], p.l1_bytes // (8 * shape[axis]))
+                if d % p.lanes == 0]
+        if chunk * shape[axis] * 8 > p.l1_bytes:
+            if not fits:
+                return False
+            chunk = fits[-1]
     for b in blocks[:-1]:  # a reduction's operand stays a row buffer: a serial reduction
         # loop is never vectorized, so the exponentials are computed in vectors once
         if 2 not in _kinds(sch, b) and not any(2 in _kinds(sch, c)
@@ -75,20 +109,31 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
                 sch.compute_inline(b)
             except tvm.s_tir.ScheduleError:
                 pass
-    rows = sch.get_loops(out)[:-1]
+    loops = sch.get_loops(out)
+    if axis == len(shape) - 1:
+        rows = loops[:-1]
+    else:  # columns: the other axes and chunks of the innermost in parallel
+        outer, inner = sch.split(loops[-1], [None, chunk])
+        rows = [*loops[:axis], *loops[axis + 1:-1], outer]
+        sch.reorder(*rows, loops[axis], inner)
     row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    p = cpu_params(target)
     if p.cores > 1:
         sch.parallel(row)
     rest = [b for b in root_blocks(sch) if not sch.get(b).same_as(sch.get(out))]
     for b in reversed(rest):
         sch.compute_at(b, row, preserve_unit_loops=False)
-    width = vector_width(shape[-1], p.lanes)
+    width = vector_width(chunk, p.lanes)
     for b in [*rest, out]:
-        if 2 in _kinds(sch, b) or width < 4:
+        reduces = 2 in _kinds(sch, b)
+        if reduces and axis == len(shape) - 1:  # a row's reduction stays serial
             continue
+        if reduces:  # columns: the columns inside the reduction loop
+            inner, k = sch.get_loops(b)[-2:]
+            sch.reorder(k, inner)
         inner = sch.get_loops(b)[-1]
-        if int(sch.get(inner).extent) == shape[-1]:
+        if width >= 4 and int(sch.get(inner).extent) == chunk:
             _, lanes = sch.split(inner, [None, width])
             sch.vectorize(lanes)
+        if reduces:  # their initial values before it
+            sch.decompose_reduction(b, k)
     return True

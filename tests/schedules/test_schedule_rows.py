@@ -48,14 +48,51 @@ def test_softmax_rows_match_float64(shape, cores):
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-7)
 
 
-def test_reduction_over_another_axis_is_left_alone():
-    """A sum over the middle axis is not a row reduction."""
+@pytest.mark.parametrize("shape,axis", [
+    ((1, 16, 4, 840), 1),   # YOLO's DFL head: softmax over 16 bins, not the last axis
+    ((1, 21, 12, 40), 1),   # a segmentation map's classes
+    ((6, 4, 5), 0),         # the first axis; no vector divides 5
+])
+def test_softmax_columns_match_float64(shape, axis):
+    """Softmax over an axis before the last: the other axes and chunks of the last in
+    parallel, every block vectorized along the last axis (the reductions too, inside their
+    reduction loop) where a vector divides the chunk."""
+    x = te.placeholder(shape, name="x")
+    func = te.create_prim_func([x, fast_math.softmax(x, axis)])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert schedule_rows(sch, resolve_target({"kind": "llvm", "mcpu": "haswell",
+                                              "num-cores": 2}))
+    script = sch.mod.script()
+    assert "T.parallel" in script
+    assert ("T.vectorized" in script) == (shape[-1] % 4 == 0)
+    assert "T_softmax_expsum_init" in script  # the sums start as vectors before their loop
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    xin = (np.random.default_rng(2).standard_normal(shape) * 8).astype("float32")
+    out = tvm.runtime.empty(shape, "float32")
+    lib["main"](tvm.runtime.tensor(xin), out)
+    xf = xin.astype("float64")
+    e = np.exp(xf - xf.max(axis, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(axis, keepdims=True), rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_columns_too_long_for_a_chunk_are_left_alone():
+    """Columns whose values over the reduced axis fill the L1 and whose last axis has no chunk
+    of whole vectors that fits (a prime length) are not scheduled; nor are two reductions over
+    different axes."""
     import tvm_ffi
 
+    x = te.placeholder((2, 512, 1031), name="x")
+    func = te.create_prim_func([x, fast_math.softmax(x, 1)])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert not schedule_rows(sch, resolve_target(TARGET))
+    assert tvm_ffi.structural_equal(sch.mod["main"], func)
+
     x = te.placeholder((4, 8, 16), name="x")
-    k = te.reduce_axis((0, 8), name="k")
-    s = te.compute((4, 16), lambda i, j: te.sum(x[i, k, j], axis=k), name="s")
-    y = te.compute((4, 8, 16), lambda i, m, j: x[i, m, j] / s[i, j], name="y")
+    k, m = te.reduce_axis((0, 8), name="k"), te.reduce_axis((0, 16), name="m")
+    s1 = te.compute((4, 16), lambda i, j: te.sum(x[i, k, j], axis=k), name="s1")
+    s2 = te.compute((4, 8), lambda i, j: te.sum(x[i, j, m], axis=m), name="s2")
+    y = te.compute((4, 8, 16), lambda i, a, j: x[i, a, j] / s1[i, j] / s2[i, a], name="y")
     func = te.create_prim_func([x, y])
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     assert not schedule_rows(sch, resolve_target(TARGET))
