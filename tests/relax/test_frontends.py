@@ -479,3 +479,28 @@ def test_amax_and_amin_import():
     for out, ref in zip(outs, refs):
         assert out.numpy().shape == tuple(ref.shape)
         np.testing.assert_array_equal(out.numpy(), ref.numpy())
+
+
+def test_tensor_unfold_windows_import():
+    """``x.unfold(dim, size, step)`` (sliding windows on a new last axis; TVM's importer had
+    none: timm's HaloNet failed with "Unsupported function types"), overlapping, apart and
+    on a negative ``dim``, composed as HaloNet does."""
+    torch = pytest.importorskip("torch")
+    import topi_bn
+
+    class Windows(torch.nn.Module):
+        def forward(self, x):
+            return (x.unfold(2, 3, 1), x.unfold(3, 2, 3), x.unfold(-1, 4, 2).unfold(2, 3, 2))
+
+    net = Windows().eval()
+    x = torch.randn(2, 3, 7, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net, (x,))
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    refs = net(x)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.numpy().shape == tuple(ref.shape)
+        np.testing.assert_array_equal(out.numpy(), ref.numpy())

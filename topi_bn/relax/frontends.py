@@ -452,6 +452,24 @@ def _extremum(reduce):
     return convert
 
 
+def _windows(node, importer) -> relax.Var:
+    """``aten.unfold`` (``x.unfold(dim, size, step)``: the windows of ``size`` elements every
+    ``step`` along ``dim``, a new last axis holding each window) as a ``take`` of the windows'
+    indices and a transpose; TVM's importer had none (timm's HaloNet cuts its halo blocks with
+    it: "Unsupported function types")."""
+    import numpy as np
+
+    bb = importer.block_builder
+    x, dim, size, step = importer.retrieve_args(node)[:4]
+    shape = importer.shape_of(x)
+    dim %= len(shape)
+    count = (int(shape[dim]) - size) // step + 1
+    starts = np.arange(count, dtype="int64")[:, None] * step
+    windows = bb.emit(relax.op.take(x, relax.const(starts + np.arange(size)), axis=dim))
+    axes = list(range(len(shape) + 1))
+    return bb.emit(relax.op.permute_dims(windows, axes[:dim + 1] + axes[dim + 2:] + [dim + 1]))
+
+
 def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
                           **kwargs: Any) -> tvm.IRModule:
     """``tvm.relax.frontend.torch.from_exported_program`` with train-mode batch-norm fixed.
@@ -487,6 +505,7 @@ def from_exported_program(exported_program, *, keep_buffer_updates: bool = True,
     convert.setdefault("index.Tensor", _index)
     convert.setdefault("amax.default", _extremum(relax.op.max))
     convert.setdefault("amin.default", _extremum(relax.op.min))
+    convert.setdefault("unfold.default", _windows)
     flags = (kwargs.pop("keep_params_as_input", False), kwargs.pop("unwrap_unit_return_tuple", False),
              kwargs.pop("no_bind_return_tuple", False))
     if kwargs:
