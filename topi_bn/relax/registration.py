@@ -5,6 +5,8 @@
 - ``relax.nn.batch_norm`` with ``training=True``  -> :func:`topi_bn.compute.batch_norm_train`,
 - ``relax.nn.batch_norm`` with ``training=False`` -> :func:`topi_bn.compute.batch_norm_infer`,
 - ``relax.nn.layer_norm``                         -> :func:`topi_bn.compute.layer_norm`,
+- ``relax.nn.group_norm`` (CPU targets, a group per task at least per core)
+                                                  -> :func:`topi_bn.compute.layer_norm` per group,
 
 at ``level=11``, above TVM's own (``tvm/relax/transform/legalize_ops/nn.py``, level 10), so any
 ``LegalizeOps`` -- the one inside a plain ``tvm.compile`` included -- uses them.
@@ -43,6 +45,7 @@ from tvm.relax.utils import gen_call_tir_inputs
 from topi_bn.schedules import apply_default_schedules
 from ..compute import batch_norm_infer, batch_norm_train, layer_norm
 from ..compute.activation import clip, relu
+from ..targets import num_cores, target_family
 
 __all__ = [
     "register", "unregister", "is_registered", "tvm_lowering", "legalize_options",
@@ -255,6 +258,46 @@ def legalize_layer_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         return _fallback(op_name, bb, call, str(err))
 
 
+def legalize_group_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``FLegalize`` of ``relax.nn.group_norm`` over the channel axis 1 and every axis after it
+    (PyTorch's ``GroupNorm``), for CPU targets: the data viewed as ``(N, groups, C / groups,
+    ...)``, :func:`topi_bn.compute.layer_norm` over each group, then the per-channel scale and
+    shift, which FuseOps fuses into the normalization. TVM's lowering takes the variance as
+    ``E[x^2] - E[x]^2`` in float32: on data of mean 10 and spread 1 its results were 3e-4 to
+    7e-4 of their range off (float64 reference), the two-pass statistics 1e-7; and it ran 32
+    groups of (1, 256, 64, 64) in 1.80 ms against 0.45 (AMD EPYC Zen 3, 2 threads). The layer
+    norm runs a task per group, so with fewer groups (times the batch) than cores TVM's
+    lowering, parallel over channels, is kept: one group of (1, 64, 56, 56) took 0.38 ms as a
+    layer norm against its 0.32."""
+    op_name = "relax.nn.group_norm"
+    target = tvm.target.Target.current(allow_none=True)
+    if not _ours(bb) or target is None or target_family(target) not in ("x86", "arm"):
+        return _ORIGINAL[op_name](bb, call)
+    a = call.attrs
+    data, gamma, beta = call.args
+    try:
+        shape = [int(d) for d in data.ty.shape]
+    except (TypeError, AttributeError):  # symbolic
+        return _ORIGINAL[op_name](bb, call)
+    ndim, groups = len(shape), int(a.num_groups)
+    axes = sorted(int(x) % ndim for x in a.axes)
+    if ndim < 3 or int(a.channel_axis) % ndim != 1 or axes != list(range(2, ndim)) \
+            or shape[1] % groups or shape[0] * groups < num_cores(target):
+        return _ORIGINAL[op_name](bb, call)
+    per_channel = [groups, shape[1] // groups] + [1] * (ndim - 2)
+    x = bb.emit(relax.op.reshape(data, [shape[0], groups, shape[1] // groups, *shape[2:]]))
+    try:
+        y = bb.emit(emit_te(bb, layer_norm, x, axis=tuple(range(2, ndim + 1)),
+                            eps=float(a.epsilon), name="topi_bn_layer_norm"))
+    except (ValueError, TypeError) as err:
+        return _fallback(op_name, bb, call, str(err))
+    if a.scale:
+        y = bb.emit(relax.op.multiply(y, relax.op.reshape(gamma, per_channel)))
+    if a.center:
+        y = bb.emit(relax.op.add(y, relax.op.reshape(beta, per_channel)))
+    return relax.op.reshape(y, shape)
+
+
 def legalize_relu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``relax.nn.relu`` as :func:`topi_bn.compute.activation.relu` (NaN propagates); used by
     the topi-bn pipeline only, never registered globally."""
@@ -280,6 +323,7 @@ ACTIVATION_OPS: dict[str, Callable] = {
 OPS: dict[str, Callable] = {
     "relax.nn.batch_norm": legalize_batch_norm,
     "relax.nn.layer_norm": legalize_layer_norm,
+    "relax.nn.group_norm": legalize_group_norm,
 }
 
 
@@ -289,7 +333,7 @@ _installed = [False]  # process-wide: the op registry is global
 
 
 def register() -> None:
-    """Make Relax lower batch_norm and layer_norm with topi-bn (idempotent)."""
+    """Make Relax lower batch_norm, layer_norm and group_norm with topi-bn (idempotent)."""
     if _installed[0]:
         return
     for op_name, func in OPS.items():
