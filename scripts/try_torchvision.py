@@ -24,6 +24,8 @@ judged on its ``out`` map (``--models seg:deeplabv3_resnet50,seg:lraspp_mobilene
 ``yolo:yolo11n``; random weights, batch-norm statistics randomized then folded into the convs
 as ``model.fuse()`` and its ONNX export do), judged on the exported head's output (``pip
 install --no-deps ultralytics opencv-python-headless``: its other requirements are here).
+``timm:NAME`` a ``timm`` image model (``pip install --no-deps timm``; 10 classes, random
+weights, ``img_size`` set to ``--size`` where the model takes one), judged on its logits.
 
 Needs ``torchvision`` (``pip install --no-deps torchvision==0.28.0`` beside torch 2.13.0; that
 wheel's compiled ops were built against the CUDA build of torch and fail to register with the
@@ -105,7 +107,8 @@ HF_MODELS = {
 def _model(name: str, size: int, batch: int, train: bool):
     """``(model, input)``: a torchvision model (batch-norm statistics randomized) on a
     ``size`` x ``size`` picture, ``seg:NAME`` of ``torchvision.models.segmentation``,
-    ``yolo:NAME`` an ``ultralytics`` detector, or ``hf:NAME`` of :data:`HF_MODELS`."""
+    ``yolo:NAME`` an ``ultralytics`` detector, ``timm:NAME`` a ``timm`` model, or
+    ``hf:NAME`` of :data:`HF_MODELS`."""
     import torch
 
     from topi_bn.bench.networks import torchvision_model
@@ -134,6 +137,18 @@ def _model(name: str, size: int, batch: int, train: bool):
             if isinstance(m, Detect):
                 m.export, m.format = True, "onnx"
         return net.train(train), torch.rand(batch, 3, size, size)
+    if name.startswith("timm:"):  # timm: random weights; a picture of --size where it takes one
+        import timm
+
+        try:
+            net = timm.create_model(name[5:], pretrained=False, num_classes=10, img_size=size)
+        except TypeError:  # a model of any input size: no img_size argument
+            net = timm.create_model(name[5:], pretrained=False, num_classes=10)
+        with torch.no_grad():  # timm zeroes some heads (MLP-Mixer): all-zero logits say nothing
+            for weight in net.parameters():
+                if weight.dim() >= 2 and not weight.any():
+                    weight.normal_(0.0, 0.02)
+        return randomize_bn(net).train(train), torch.randn(batch, 3, size, size)
     if not name.startswith("hf:"):
         kwargs = {"image_size": size} if name.startswith("vit_") else {}
         x = torch.randn(batch, 3, size, size)
