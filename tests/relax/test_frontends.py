@@ -389,6 +389,27 @@ def test_cat_skips_an_empty_1d_tensor_as_pytorch_does():
         assert_close(out.numpy(), ref.numpy(), "float32")
 
 
+def _exactly_as_pytorch(net, *inputs):
+    """``net`` exported, imported by topi-bn, built for x86-avx2 and run: every output the
+    same shape, dtype and values as PyTorch's."""
+    import torch
+
+    import topi_bn
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(net.eval(), inputs)
+    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(t.numpy()) for t in inputs])
+    refs = net(*inputs)
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.numpy().shape == tuple(ref.shape)
+        assert out.numpy().dtype == ref.numpy().dtype
+        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+
+
 def test_div_with_rounding_promotes_as_pytorch_does():
     """``torch.div(a, b, rounding_mode=...)`` takes PyTorch's result type: a Python number the
     tensor's type, an integer tensor a float's. TVM's converter made ``2`` an ``int32``
@@ -396,7 +417,6 @@ def test_div_with_rounding_promotes_as_pytorch_does():
     ``torch.div(torch.arange(n, dtype=float), 2, rounding_mode="floor")``), which failed
     to import ("Binary operators must have the same datatype")."""
     torch = pytest.importorskip("torch")
-    import topi_bn
 
     class Div(torch.nn.Module):
         def forward(self, x, i):
@@ -408,20 +428,9 @@ def test_div_with_rounding_promotes_as_pytorch_does():
                     torch.div(x, i, rounding_mode="floor"),
                     torch.div(i, 2.0, rounding_mode="floor"))
 
-    net = Div().eval()
     x = torch.linspace(-9.7, 11.3, 12)
     i = torch.tensor([-7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 5, 8], dtype=torch.int32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ep = torch.export.export(net, (x, i))
-    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
-    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()),
-                                                        tvm.runtime.tensor(i.numpy()))
-    refs = net(x, i)
-    assert len(outs) == len(refs)
-    for out, ref in zip(outs, refs):
-        assert out.numpy().dtype == ref.numpy().dtype
-        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    _exactly_as_pytorch(Div(), x, i)
 
 
 def test_advanced_indexing_as_pytorch_does():
@@ -431,7 +440,6 @@ def test_advanced_indexing_as_pytorch_does():
     "index_tensor: cannot broadcast index shapes") and took two 1-D indices as an outer
     product."""
     torch = pytest.importorskip("torch")
-    import topi_bn
 
     class Index(torch.nn.Module):
         def forward(self, x):
@@ -442,43 +450,22 @@ def test_advanced_indexing_as_pytorch_does():
                     x[:, 1:, rows[:, None, None], cols[:2]],  # (2, 2, 3, 1, 2)
                     torch.nn.functional.unfold(x, kernel_size=2, stride=2))
 
-    net = Index().eval()
     x = torch.randn(2, 3, 4, 5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ep = torch.export.export(net, (x,))
-    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
-    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    refs = net(x)
-    assert len(outs) == len(refs)
-    for out, ref in zip(outs, refs):
-        assert out.numpy().shape == tuple(ref.shape)
-        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    _exactly_as_pytorch(Index(), x)
 
 
 def test_amax_and_amin_import():
     """``torch.amax`` / ``torch.amin`` over some axes, kept or not, and over every axis (TVM's
     importer had neither: timm's Hiera failed with "Unsupported function types")."""
     torch = pytest.importorskip("torch")
-    import topi_bn
 
     class Extrema(torch.nn.Module):
         def forward(self, x):
             return (torch.amax(x, dim=1), torch.amin(x, dim=(0, 2), keepdim=True),
                     x.amax(dim=-1, keepdim=True) - x, torch.amin(x))
 
-    net = Extrema().eval()
     x = torch.randn(2, 3, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ep = torch.export.export(net, (x,))
-    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
-    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    refs = net(x)
-    assert len(outs) == len(refs)
-    for out, ref in zip(outs, refs):
-        assert out.numpy().shape == tuple(ref.shape)
-        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    _exactly_as_pytorch(Extrema(), x)
 
 
 def test_tensor_unfold_windows_import():
@@ -486,21 +473,10 @@ def test_tensor_unfold_windows_import():
     none: timm's HaloNet failed with "Unsupported function types"), overlapping, apart and
     on a negative ``dim``, composed as HaloNet does."""
     torch = pytest.importorskip("torch")
-    import topi_bn
 
     class Windows(torch.nn.Module):
         def forward(self, x):
             return (x.unfold(2, 3, 1), x.unfold(3, 2, 3), x.unfold(-1, 4, 2).unfold(2, 3, 2))
 
-    net = Windows().eval()
     x = torch.randn(2, 3, 7, 9)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ep = torch.export.export(net, (x,))
-    ex = topi_bn.build(tr.from_exported_program(ep), "x86-avx2")
-    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
-    refs = net(x)
-    assert len(outs) == len(refs)
-    for out, ref in zip(outs, refs):
-        assert out.numpy().shape == tuple(ref.shape)
-        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    _exactly_as_pytorch(Windows(), x)
