@@ -6,7 +6,8 @@
 - :mod:`.modes`: the ``bn=`` build modes (:func:`apply_bn_mode`).
 - :mod:`.lowering`: the lowering pipeline (:func:`pipeline`, :func:`lower`) and its module
   passes.
-- :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning.
+- :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning;
+  :mod:`.torch_ops`: the PyTorch operators they convert in place of TVM's converters.
 - :mod:`.bfloat16`: ``dtype="bfloat16"`` builds (bf16 activations and weights, float32
   arithmetic), after the bn mode and before the blocked layout.
 """
