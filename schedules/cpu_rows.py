@@ -15,7 +15,9 @@ segmentation map's classes, YOLO's box distributions over 16 bins): the same, ov
 the innermost axis whose values on the reduced axis fit in half the L1, the other axes and the
 chunks in parallel, and the reductions vectorized too, a vector of columns inside their
 reduction loop (a chunk takes the most whole vectors that divide the innermost axis; none
-where no such chunk fits).
+where no such chunk fits). Also a reduction alone over an axis before the last (a channel
+mean or maximum: CBAM's attention, Hiera's mask units), with what follows it per column (a
+mean's division): the columns in parallel chunks, vectorized inside the reduction loop.
 """
 from __future__ import annotations
 
@@ -63,11 +65,76 @@ def _reduced_axis(sch, reduction, ndim: int) -> int | None:
     return None
 
 
+def _column_chunk(last: int, reduced: int, p) -> int | None:
+    """Columns per task: the whole innermost axis (``last``) where its values over the reduced
+    axis fit in half the L1, else the most whole vectors that divide it and fit; None if
+    none do."""
+    if last * reduced * 8 <= p.l1_bytes:
+        return last
+    fits = [d for d in divisors(last, p.l1_bytes // (8 * reduced)) if d % p.lanes == 0]
+    return fits[-1] if fits else None
+
+
+def _vectorize_columns(sch, block, chunk: int, width: int) -> None:
+    """The column loop of a reduction ``block`` (its loops end with it and the reduction
+    loop) inside the reduction loop, vectorized, its initial values before that loop."""
+    inner, k = sch.get_loops(block)[-2:]
+    sch.reorder(k, inner)
+    if width >= 4 and int(sch.get(inner).extent) == chunk:
+        sch.vectorize(sch.split(inner, [None, width])[1])
+    sch.decompose_reduction(block, k)
+
+
+def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bool:
+    """One reduction over an axis before the last whose result is the output, with what is
+    computed per column after it (a mean's division): chunks of the innermost axis (at most
+    256 columns, whole vectors) and the other axes in parallel, the columns vectorized inside
+    the reduction loop."""
+    red, rest = blocks[0], blocks[1:]
+    ext, kinds = _extents(sch, red), _kinds(sch, red)
+    if ext is None or len(ext) < 2 or kinds != [0] * (len(ext) - 1) + [2] \
+            or len(sch.get_loops(red)) != len(ext):
+        return False
+    columns, reduced = ext[:-1], ext[-1]
+    axis = _reduced_axis(sch, red, len(ext))
+    if axis is None or axis == len(columns):  # the innermost axis: rows, not columns
+        return False
+    for b in rest:
+        if _extents(sch, b) != columns or set(_kinds(sch, b)) != {0} \
+                or len(sch.get_loops(b)) != len(columns):
+            return False
+    p = cpu_params(target)
+    # the input is read once: a chunk of at most 256 columns only makes parallel tasks
+    fits = [d for d in divisors(columns[-1], 256) if d % p.lanes == 0]
+    chunk = fits[-1] if columns[-1] > 256 and fits else columns[-1]
+    for b in rest[:-1]:
+        sch.compute_inline(b)
+    out = rest[-1] if rest else red
+    loops = sch.get_loops(out)[:len(columns)]
+    outer, _ = sch.split(loops[-1], [None, chunk])
+    row = sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer
+    if p.cores > 1:
+        sch.parallel(row)
+    width = vector_width(chunk, p.lanes)
+    if rest:
+        sch.compute_at(red, row, preserve_unit_loops=False)
+        inner = sch.get_loops(out)[-1]
+        if width >= 4:
+            sch.vectorize(sch.split(inner, [None, width])[1])
+    _vectorize_columns(sch, red, chunk, width)
+    return True
+
+
 def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is matched (module docstring); returns whether
     it did."""
     blocks = root_blocks(sch)
-    if len(blocks) < 2 or any(block_rule(sch, b) is not None for b in blocks):
+    if not blocks or any(block_rule(sch, b) is not None for b in blocks):
+        return False
+    if sum(2 in _kinds(sch, b) for b in blocks) == 1 and 2 in _kinds(sch, blocks[0]) \
+            and (len(blocks) == 1 or _extents(sch, blocks[-1]) != _extents(sch, blocks[0])):
+        return _reduce_columns(sch, blocks, target)
+    if len(blocks) < 2:
         return False
     out = blocks[-1]
     shape = _extents(sch, out)
@@ -93,14 +160,9 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         elif axis < len(shape) - 1 and ext not in (shape, columns):
             return False  # elementwise: the same columns, or one value per column
     p = cpu_params(target)
-    chunk = shape[-1]
-    if axis < len(shape) - 1:  # a chunk of columns whose values fit in half the L1
-        fits = [d for d in divisors(shape[-1], p.l1_bytes // (8 * shape[axis]))
-                if d % p.lanes == 0]
-        if chunk * shape[axis] * 8 > p.l1_bytes:
-            if not fits:
-                return False
-            chunk = fits[-1]
+    chunk = shape[-1] if axis == len(shape) - 1 else _column_chunk(shape[-1], shape[axis], p)
+    if chunk is None:
+        return False
     for b in blocks[:-1]:  # a reduction's operand stays a row buffer: a serial reduction
         # loop is never vectorized, so the exponentials are computed in vectors once
         if 2 not in _kinds(sch, b) and not any(2 in _kinds(sch, c)
@@ -124,16 +186,12 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         sch.compute_at(b, row, preserve_unit_loops=False)
     width = vector_width(chunk, p.lanes)
     for b in [*rest, out]:
-        reduces = 2 in _kinds(sch, b)
-        if reduces and axis == len(shape) - 1:  # a row's reduction stays serial
+        if 2 in _kinds(sch, b):  # a row's reduction stays serial; a column's vectorized
+            if axis < len(shape) - 1:
+                _vectorize_columns(sch, b, chunk, width)
             continue
-        if reduces:  # columns: the columns inside the reduction loop
-            inner, k = sch.get_loops(b)[-2:]
-            sch.reorder(k, inner)
         inner = sch.get_loops(b)[-1]
         if width >= 4 and int(sch.get(inner).extent) == chunk:
             _, lanes = sch.split(inner, [None, width])
             sch.vectorize(lanes)
-        if reduces:  # their initial values before it
-            sch.decompose_reduction(b, k)
     return True

@@ -1,5 +1,6 @@
-"""The CPU schedule of softmax-like functions (``cpu_rows.RowReduce``): what it matches, its
-numerics against float64, and that a build uses it for a softmax with attention's mask."""
+"""The CPU schedule of softmax-like functions and reductions over an axis before the last
+(``cpu_rows.RowReduce``): what it matches, its numerics against float64, and that a build uses
+it for a softmax with attention's mask."""
 from __future__ import annotations
 
 import numpy as np
@@ -74,6 +75,37 @@ def test_softmax_columns_match_float64(shape, axis):
     e = np.exp(xf - xf.max(axis, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(axis, keepdims=True), rtol=1e-5,
                                atol=1e-7)
+
+
+@pytest.mark.parametrize("kind,shape,axis", [
+    ("sum", (2, 24, 6, 40), 1),   # channel sum of NCHW
+    ("max", (5, 3, 16), 0),       # the first axis
+    ("mean", (1, 64, 14, 14), 1),  # a sum and its division (CBAM's channel mean); 14: no vector
+])
+def test_reductions_over_columns_match_float64(kind, shape, axis):
+    """A reduction alone over an axis before the last (Hiera's mask-unit ``amax``, a channel
+    mean): the other axes and chunks of the last in parallel, the columns vectorized inside
+    the reduction loop where a vector divides the chunk."""
+    x = te.placeholder(shape, name="x")
+    k = te.reduce_axis((0, shape[axis]), name="k")
+    out_shape = [*shape[:axis], *shape[axis + 1:]]
+    fn = te.max if kind == "max" else te.sum
+    r = te.compute(out_shape, lambda *i: fn(x[(*i[:axis], k, *i[axis:])], axis=k), name="red")
+    y = te.compute(out_shape, lambda *i: r(*i) / shape[axis], name="div") if kind == "mean" else r
+    func = te.create_prim_func([x, y])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert schedule_rows(sch, resolve_target({"kind": "llvm", "mcpu": "haswell",
+                                              "num-cores": 2}))
+    script = sch.mod.script()
+    assert "T.parallel" in script and "red_init" in script
+    assert ("T.vectorized" in script) == (shape[-1] % 4 == 0)
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    xin = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    out = tvm.runtime.empty(tuple(out_shape), "float32")
+    lib["main"](tvm.runtime.tensor(xin), out)
+    xf = xin.astype("float64")
+    ref = {"sum": xf.sum(axis), "max": xf.max(axis), "mean": xf.mean(axis)}[kind]
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_columns_too_long_for_a_chunk_are_left_alone():
