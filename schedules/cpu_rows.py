@@ -95,7 +95,7 @@ def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bo
     if ext is None or len(ext) < 2 or kinds != [0] * (len(ext) - 1) + [2] \
             or len(sch.get_loops(red)) != len(ext):
         return False
-    columns, reduced = ext[:-1], ext[-1]
+    columns = ext[:-1]
     axis = _reduced_axis(sch, red, len(ext))
     if axis is None or axis == len(columns):  # the innermost axis: rows, not columns
         return False
