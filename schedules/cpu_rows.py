@@ -75,13 +75,20 @@ def _column_chunk(last: int, reduced: int, p) -> int | None:
     return fits[-1] if fits else None
 
 
+def _vectorize_inner(sch, block, chunk: int, width: int) -> None:
+    """The innermost loop of ``block``, when it runs over the ``chunk`` (a row or a chunk of
+    columns), in vectors of ``width``; left to LLVM where no vector of 4 or more divides it."""
+    inner = sch.get_loops(block)[-1]
+    if width >= 4 and int(sch.get(inner).extent) == chunk:
+        sch.vectorize(sch.split(inner, [None, width])[1])
+
+
 def _vectorize_columns(sch, block, chunk: int, width: int) -> None:
     """The column loop of a reduction ``block`` (its loops end with it and the reduction
     loop) inside the reduction loop, vectorized, its initial values before that loop."""
     inner, k = sch.get_loops(block)[-2:]
     sch.reorder(k, inner)
-    if width >= 4 and int(sch.get(inner).extent) == chunk:
-        sch.vectorize(sch.split(inner, [None, width])[1])
+    _vectorize_inner(sch, block, chunk, width)
     sch.decompose_reduction(block, k)
 
 
@@ -90,6 +97,8 @@ def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bo
     computed per column after it (a mean's division): chunks of the innermost axis (at most
     256 columns, whole vectors) and the other axes in parallel, the columns vectorized inside
     the reduction loop."""
+    if not blocks:
+        return False
     red, rest = blocks[0], blocks[1:]
     ext, kinds = _extents(sch, red), _kinds(sch, red)
     if ext is None or len(ext) < 2 or kinds != [0] * (len(ext) - 1) + [2] \
@@ -118,9 +127,7 @@ def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bo
     width = vector_width(chunk, p.lanes)
     if rest:
         sch.compute_at(red, row, preserve_unit_loops=False)
-        inner = sch.get_loops(out)[-1]
-        if width >= 4:
-            sch.vectorize(sch.split(inner, [None, width])[1])
+        _vectorize_inner(sch, out, chunk, width)
     _vectorize_columns(sch, red, chunk, width)
     return True
 
@@ -129,11 +136,10 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is matched (module docstring); returns whether
     it did."""
     blocks = root_blocks(sch)
-    if not blocks or any(block_rule(sch, b) is not None for b in blocks):
+    if any(block_rule(sch, b) is not None for b in blocks):
         return False
-    if sum(2 in _kinds(sch, b) for b in blocks) == 1 and 2 in _kinds(sch, blocks[0]) \
-            and (len(blocks) == 1 or _extents(sch, blocks[-1]) != _extents(sch, blocks[0])):
-        return _reduce_columns(sch, blocks, target)
+    if _reduce_columns(sch, blocks, target):  # checks before it changes anything
+        return True
     if len(blocks) < 2:
         return False
     out = blocks[-1]
@@ -190,8 +196,5 @@ def schedule_rows(sch: tvm.s_tir.Schedule, target: Target) -> bool:
             if axis < len(shape) - 1:
                 _vectorize_columns(sch, b, chunk, width)
             continue
-        inner = sch.get_loops(b)[-1]
-        if width >= 4 and int(sch.get(inner).extent) == chunk:
-            _, lanes = sch.split(inner, [None, width])
-            sch.vectorize(lanes)
+        _vectorize_inner(sch, b, chunk, width)
     return True
