@@ -10,7 +10,8 @@ its functions are the one way in for builds, legalization, benchmarks and the tu
   block analysis rules share;
 - ``helpers.py``: the knob sampler (a template's trace starts at the defaults), divisors, loop
   queries, ``CpuParams`` read from a CPU target;
-- ``cpu.py``: CPU rules of the NCHW / NHWC conv, batch-norm (training, inference), layer_norm;
+- ``cpu.py``: CPU rules of the NCHW / NHWC conv and inference batch-norm; ``cpu_norm.py``:
+  training batch-norm, layer_norm and group_norm (the blocked two-pass statistics);
   ``cpu_conv_nchwc.py``, ``cpu_conv_winograd.py``: the blocked conv and its Winograd form;
   ``cpu_dense.py``, ``cpu_pool.py``, ``cpu_layout.py``, ``cpu_rows.py``,
   ``cpu_elementwise.py``: TVM's own ops in a network (matrix products, pools, edge layout

@@ -38,6 +38,7 @@ ANCHORS = {
     "batch_norm_train": "bn_norm",
     "batch_norm_infer": "bn_norm",
     "layer_norm": "ln_norm",
+    "group_norm": "gn_norm",
 }
 
 #: Block annotation of :func:`topi_bn.compute.resize.resize2d` naming each block's part
@@ -48,7 +49,7 @@ RESIZE_PART = "topi_bn.resize"
 
 # ops only the CPU family schedules (the blocked channel layout is a CPU layout)
 CPU_ONLY_OPS = ("conv2d_nchwc", "depthwise_conv2d_nchwc", "conv2d_winograd_nchwc",
-                "conv2d_dpbf16_nchwc")
+                "conv2d_dpbf16_nchwc", "group_norm")
 
 
 class ScheduleRule:

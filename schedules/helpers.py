@@ -26,6 +26,7 @@ from topi_bn.targets import num_cores, vector_bits, vector_lanes
 __all__ = [
     "CpuParams", "cpu_params", "divisors", "largest_divisor", "extent", "loops_under",
     "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile", "vector_width",
+    "vector_tile", "vector_candidates",
 ]
 
 
@@ -121,6 +122,21 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 def largest_divisor(n: int, limit: int) -> int:
     """The largest divisor of ``n`` that is at most ``limit`` (1 when ``limit`` < 1)."""
     return max(divisors(n, max(1, limit)))
+
+
+def vector_tile(extent: int, lanes: int, max_vectors: int) -> int:
+    """Default tile along a vectorized axis: the largest multiple of ``lanes`` (at most
+    ``max_vectors`` registers) dividing ``extent``, else the largest divisor up to ``lanes``.
+
+    Wider vectors whose length is not a multiple of the register are scalarized by LLVM."""
+    whole = [d for d in divisors(extent, lanes * max_vectors) if d % lanes == 0]
+    return max(whole) if whole else largest_divisor(extent, lanes)
+
+
+def vector_candidates(extent: int, lanes: int, max_vectors: int) -> list[int]:
+    """Tunable choices of a vectorized tile: divisors up to one register, and multiples of
+    the register up to ``max_vectors`` of them."""
+    return [d for d in divisors(extent, lanes * max_vectors) if d <= lanes or d % lanes == 0]
 
 
 # -- loops ----------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from topi_bn.targets import resolve_target, target_family
 
 from . import (
     cpu, cpu_conv_dpbf16, cpu_conv_nchwc, cpu_conv_winograd, cpu_dense, cpu_elementwise,
-    cpu_layout, cpu_pool, cpu_resize, cpu_rows, cuda_conv, cuda_norm,
+    cpu_layout, cpu_norm, cpu_pool, cpu_resize, cpu_rows, cuda_conv, cuda_norm,
 )
 from .common import (
     ANCHORS, CPU_ONLY_OPS, RULE_PREFIX, ScheduleRule, has_topi_bn_blocks, is_anchor, op_of,
@@ -75,9 +75,10 @@ RULES: dict[str, tuple[ScheduleRule, ...]] = {
         cpu_conv_nchwc.NchwcConv(),         # conv2d_nchwc, depthwise_conv2d_nchwc (blocked)
         cpu_conv_winograd.WinogradConv(),   # conv2d_winograd_nchwc
         cpu_conv_dpbf16.Dpbf16Conv(),       # conv2d_dpbf16_nchwc (bf16, pair-packed weight)
-        cpu.BatchNormTrain(),
+        cpu_norm.BatchNormTrain(),
         cpu.BatchNormInfer(),
-        cpu.LayerNorm(),
+        cpu_norm.LayerNorm(),
+        cpu_norm.GroupNorm(),
         cpu_dense.Gemm(),                   # TVM's ops: matrix products with rows (MLPs, attention),
         cpu_dense.Matvec(),                 # the classifier's matrix-vector product,
         cpu_pool.Pool(),                    # pools,

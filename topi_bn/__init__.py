@@ -33,7 +33,7 @@ if not _tvm_base._RUNTIME_ONLY:
     from . import layouts, reference, workloads
     from .compute import (
         batch_norm_infer, batch_norm_train, conv2d_bn_act_nchwc, conv2d_bn_relu,
-        conv2d_shift_act, conv2d_shift_act_nchwc, layer_norm,
+        conv2d_shift_act, conv2d_shift_act_nchwc, group_norm, layer_norm,
     )
     from .relax.fold import (
         SKIP_REASONS, FoldBatchNorm, FoldedLayer, FoldRecord, SkippedBatchNorm, bn_scale_shift,
@@ -52,7 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc",
-    "batch_norm_train", "batch_norm_infer", "layer_norm", "layouts", "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
+    "batch_norm_train", "batch_norm_infer", "layer_norm", "group_norm", "layouts", "reference", "workloads", "resolve_target", "build", "tune", "workload_prim_func",
     "SymbolicShapeWarning",
     "FoldBatchNorm", "fold_batch_norm", "FoldRecord", "FoldedLayer", "SkippedBatchNorm",
     "SKIP_REASONS", "bn_scale_shift",

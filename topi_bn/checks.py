@@ -388,6 +388,37 @@ def check_layer_norm(data: Any, gamma: Any, beta: Any, *, axis: Any, eps: Any,
     return NormArgs(axes, dtype, dtype if dtypes else None, eps)
 
 
+def check_group_norm(data: Any, gamma: Any, beta: Any, *, groups: Any, eps: Any,
+                     dtypes: bool = True) -> NormArgs:
+    """The checks of group_norm's arguments, for the compute and the reference: ``data`` of
+    rank >= 2, ``(N, C, ...)``, with a static channel axis 1 that ``groups`` (an int >= 1)
+    divides and at least one value per group; ``gamma`` and ``beta`` (or None) of shape
+    ``(C,)``. With ``dtypes``: float data, ``gamma`` and ``beta`` of the same dtype, ``eps``
+    finite in the accumulation dtype. ``axes`` of the result are the normalized axes, 1 to the
+    last (each group's channels and everything after them)."""
+    dtype = check_float("data", data) if dtypes else None
+    shape = shape_of(data)
+    if len(shape) < 2:
+        raise ValueError(f"data: expected a tensor of rank >= 2 (N, C, ...), got shape {shape}")
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    channels = shape[1]
+    if not isinstance(channels, int):
+        raise ValueError(f"data: group_norm needs a static channel axis 1, got shape {shape}")
+    if channels % int(groups):
+        raise ValueError(f"groups: expected a divisor of the {channels} channels of data, "
+                         f"got {groups}")
+    if any(isinstance(d, int) and d < 1 for d in shape[1:]):
+        raise ValueError(f"data: group_norm needs at least one value per group, got shape "
+                         f"{shape}")
+    eps = check_eps(eps, accum_dtype(dtype) if dtypes else "float64")
+    for name, t in (("gamma", gamma), ("beta", beta)):
+        check_channel_vector(name, t, channels, "data along axis 1")
+    if dtypes:
+        check_same_dtype([("data", data), ("gamma", gamma), ("beta", beta)])
+    return NormArgs(tuple(range(1, len(shape))), dtype, dtype if dtypes else None, eps)
+
+
 def _shapes_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return len(a) == len(b) and all(_dims_equal(x, y) for x, y in zip(a, b))
 

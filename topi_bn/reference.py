@@ -14,7 +14,7 @@ import numpy as np
 
 from .checks import (
     ACTIVATIONS, RUNNING_STATS_CONVENTIONS, as_array, check_batch_norm, check_bool,
-    check_channel_vector, check_choice, check_eps, check_layer_norm, check_momentum,
+    check_channel_vector, check_choice, check_eps, check_group_norm, check_layer_norm, check_momentum,
     conv_geometry, conv_geometry_nchwc,
 )
 from .layouts import (
@@ -25,7 +25,7 @@ __all__ = [
     "conv2d", "conv2d_bn_relu", "conv2d_shift_act", "conv2d_bn_act_nchwc",
     "conv2d_shift_act_nchwc", "conv2d_bn_act_winograd_nchwc", "conv2d_shift_act_winograd_nchwc",
     "batch_norm_train", "batch_norm_infer",
-    "unpacked_batch_norm", "layer_norm", "apply_activation", "resize2d",
+    "unpacked_batch_norm", "layer_norm", "group_norm", "apply_activation", "resize2d",
 ]
 
 
@@ -249,6 +249,27 @@ def layer_norm(data, gamma=None, beta=None, *, axis=-1, eps: float = 1e-5,
         y = y + _f64(beta)
     if return_stats:
         return [y, mean.reshape(x.shape[:axes[0]]), rstd.reshape(x.shape[:axes[0]])]
+    return y
+
+
+def group_norm(data, gamma=None, beta=None, *, groups: int, eps: float = 1e-5):
+    """group_norm in float64 (PyTorch's ``GroupNorm``): ``data`` ``(N, C, ...)``, each image's
+    channels split into ``groups`` groups, each group normalized over its channels and all later
+    axes, then ``gamma[c]`` and ``beta[c]`` per channel."""
+    data = as_array("data", data)
+    gamma, beta = as_array("gamma", gamma, optional=True), as_array("beta", beta, optional=True)
+    args = check_group_norm(data, gamma, beta, groups=groups, eps=eps, dtypes=False)
+    x = _f64(data)
+    n, c = x.shape[:2]
+    g = x.reshape(n, groups, -1)
+    mean = g.mean(axis=2, keepdims=True)
+    var = ((g - mean) ** 2).mean(axis=2, keepdims=True)
+    y = ((g - mean) / np.sqrt(var + args.eps)).reshape(x.shape)
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    if gamma is not None:
+        y = y * _f64(gamma).reshape(per_channel)
+    if beta is not None:
+        y = y + _f64(beta).reshape(per_channel)
     return y
 
 

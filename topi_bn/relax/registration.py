@@ -5,8 +5,7 @@
 - ``relax.nn.batch_norm`` with ``training=True``  -> :func:`topi_bn.compute.batch_norm_train`,
 - ``relax.nn.batch_norm`` with ``training=False`` -> :func:`topi_bn.compute.batch_norm_infer`,
 - ``relax.nn.layer_norm``                         -> :func:`topi_bn.compute.layer_norm`,
-- ``relax.nn.group_norm`` (CPU targets, a group per task at least per core)
-                                                  -> :func:`topi_bn.compute.layer_norm` per group,
+- ``relax.nn.group_norm`` (CPU targets)           -> :func:`topi_bn.compute.group_norm`,
 
 at ``level=11``, above TVM's own (``tvm/relax/transform/legalize_ops/nn.py``, level 10), so any
 ``LegalizeOps`` -- the one inside a plain ``tvm.compile`` included -- uses them.
@@ -43,9 +42,9 @@ from tvm import relax
 from tvm.relax.utils import gen_call_tir_inputs
 
 from topi_bn.schedules import apply_default_schedules
-from ..compute import batch_norm_infer, batch_norm_train, layer_norm
+from ..compute import batch_norm_infer, batch_norm_train, group_norm, layer_norm
 from ..compute.activation import clip, relu
-from ..targets import num_cores, target_family
+from ..targets import target_family
 
 __all__ = [
     "register", "unregister", "is_registered", "tvm_lowering", "legalize_options",
@@ -260,15 +259,11 @@ def legalize_layer_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def legalize_group_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``FLegalize`` of ``relax.nn.group_norm`` over the channel axis 1 and every axis after it
-    (PyTorch's ``GroupNorm``), for CPU targets: the data viewed as ``(N, groups, C / groups,
-    ...)``, :func:`topi_bn.compute.layer_norm` over each group, then the per-channel scale and
-    shift, which FuseOps fuses into the normalization. TVM's lowering takes the variance as
-    ``E[x^2] - E[x]^2`` in float32: on data of mean 10 and spread 1 its results were 3e-4 to
-    7e-4 of their range off (float64 reference), the two-pass statistics 1e-7; and it ran 32
-    groups of (1, 256, 64, 64) in 1.80 ms against 0.45 (AMD EPYC Zen 3, 2 threads). The layer
-    norm runs a task per group, so with fewer groups (times the batch) than cores TVM's
-    lowering, parallel over channels, is kept: one group of (1, 64, 56, 56) took 0.38 ms as a
-    layer norm against its 0.32."""
+    (PyTorch's ``GroupNorm``), for CPU targets: :func:`topi_bn.compute.group_norm`, two-pass
+    statistics read in place, the per-channel scale and shift in the normalization. TVM's
+    lowering takes the variance as ``E[x^2] - E[x]^2`` in float32: on data of mean 10 and
+    spread 1 its results were 3e-4 to 7e-4 of their range off (float64 reference), the two-pass
+    statistics 1e-7. Other axes, symbolic shapes and GPU targets keep TVM's lowering."""
     op_name = "relax.nn.group_norm"
     target = tvm.target.Target.current(allow_none=True)
     if not _ours(bb) or target is None or target_family(target) not in ("x86", "arm"):
@@ -279,23 +274,16 @@ def legalize_group_norm(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         shape = [int(d) for d in data.ty.shape]
     except (TypeError, AttributeError):  # symbolic
         return _ORIGINAL[op_name](bb, call)
-    ndim, groups = len(shape), int(a.num_groups)
+    ndim = len(shape)
     axes = sorted(int(x) % ndim for x in a.axes)
-    if ndim < 3 or int(a.channel_axis) % ndim != 1 or axes != list(range(2, ndim)) \
-            or shape[1] % groups or shape[0] * groups < num_cores(target):
+    if ndim < 2 or int(a.channel_axis) % ndim != 1 or axes != list(range(2, ndim)):
         return _ORIGINAL[op_name](bb, call)
-    per_channel = [groups, shape[1] // groups] + [1] * (ndim - 2)
-    x = bb.emit(relax.op.reshape(data, [shape[0], groups, shape[1] // groups, *shape[2:]]))
     try:
-        y = bb.emit(emit_te(bb, layer_norm, x, axis=tuple(range(2, ndim + 1)),
-                            eps=float(a.epsilon), name="topi_bn_layer_norm"))
+        return emit_te(bb, group_norm, data, gamma if a.scale else None,
+                       beta if a.center else None, groups=int(a.num_groups),
+                       eps=float(a.epsilon), name="topi_bn_group_norm")
     except (ValueError, TypeError) as err:
         return _fallback(op_name, bb, call, str(err))
-    if a.scale:
-        y = bb.emit(relax.op.multiply(y, relax.op.reshape(gamma, per_channel)))
-    if a.center:
-        y = bb.emit(relax.op.add(y, relax.op.reshape(beta, per_channel)))
-    return relax.op.reshape(y, shape)
 
 
 def legalize_relu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
