@@ -8,14 +8,16 @@ TVM's CPU pipeline leaves such loops scalar and LLVM's auto-vectorizers take the
 (LLVM 17+) they broke the module on one such loop (``sigmoid(x) + x`` over 36 floats: shuffles
 that do not dominate their uses, found by the random-graph tester). Here each chain is made
 explicit instead: every elementwise producer is inlined into its consumers where TVM allows it
-(but a gather, such as a concat, is stored once rather than copied into a consumer that reads
-it several times per element: :func:`_inlining_repeats_a_gather`),
+(but a gather, such as a concat, or a producer of much work is stored once rather than copied
+into a consumer that reads it several times per element: :func:`_inlining_repeats_work`),
 and each remaining block runs vectorized along its innermost axis when a vector of at least 4
 lanes divides it (:func:`~topi_bn.schedules.helpers.vector_width`, no predicate), its outer
 axes fused into one loop (a transpose's lanes then share their index arithmetic: Swin-T's
 window partition over 56 x 56 x 96 took 2.8 ms with one loop over all elements, whose every
 lane divided its index back into six), else as one loop over all its elements vectorized by
-the element count (at least 4 lanes, else serial); in parallel when it is large.
+the element count (at least 4 lanes); in parallel when it is large. A large block of odd sizes,
+which no vector of 4 divides (NFNet-F0's pad to 225 x 225), runs its outer axes in parallel and
+its innermost axis as it was.
 
 Matched: blocks whose iteration variables are all spatial (no reduction) with static extents and
 no ``schedule_rule``.
@@ -33,6 +35,11 @@ __all__ = ["Elementwise", "schedule_elementwise", "elementwise_blocks", "PARALLE
 
 #: Elements of a block from which its loop is split over the cores.
 PARALLEL_ELEMENTS = 16384
+
+#: Most operations that inlining a producer may copy into a consumer that reads it several
+#: times (the copies times the producer's operations, :func:`_work_of`); above, the producer
+#: is stored.
+MAX_REPEATED_WORK = 128
 
 
 def elementwise_blocks(sch: tvm.s_tir.Schedule) -> list:
@@ -58,7 +65,7 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         return False
     done = False
     for b in blocks:  # producers into their consumers (not the function's outputs)
-        if _inlining_repeats_a_gather(sch, b):
+        if _inlining_repeats_work(sch, b):
             continue
         try:
             sch.compute_inline(b)
@@ -73,17 +80,21 @@ def schedule_elementwise(sch: tvm.s_tir.Schedule, target: Target) -> bool:
         n = 1
         for lp in loops:
             n *= int(sch.get(lp).extent)
+        parallel = n >= PARALLEL_ELEMENTS and p.cores > 1
         width = vector_width(int(sch.get(loops[-1]).extent), p.lanes)
         if len(loops) > 1 and width >= 4:  # vectors along the innermost axis only: a
             # transpose's lanes then need no index division each (Swin's window partition)
             outer, (_, inner) = sch.fuse(*loops[:-1]), sch.split(loops[-1], [None, width])
-        else:
+        elif vector_width(n, p.lanes) >= 4:
             fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
             width = vector_width(n, p.lanes)
-            if width < 4:
-                continue
             outer, inner = sch.split(fused, [None, width])
-        if n >= PARALLEL_ELEMENTS and p.cores > 1:
+        else:  # no whole vectors (odd sizes): the outer axes in parallel, the innermost as is
+            if parallel and len(loops) > 1:
+                sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+                done = True
+            continue
+        if parallel:
             sch.parallel(outer)
         sch.vectorize(inner)
         done = True
@@ -102,20 +113,56 @@ def _loads_of(expr, buffer) -> int:
     return n[0]
 
 
-def _inlining_repeats_a_gather(sch: tvm.s_tir.Schedule, b) -> bool:
-    """Whether inlining ``b`` would copy a gather into a consumer several times: ``b`` reads
-    some buffer at an index other than plain loop variables (a concat, slice or reshape, with
-    its selects and index arithmetic) and a consumer reads ``b``'s output more than once per
-    element (the float32 ``exp`` polynomial of a sigmoid reads its input 12 times; neither TIR
-    nor LLVM shares the copies, which hold loads: the concat of YOLOv8's three heads inlined
-    into its class sigmoid took 17% of the network's run). Such a producer is stored once."""
+def _work_of(expr) -> int:
+    """The operations of ``expr`` (a TIR expression tree, every occurrence counted): its
+    arithmetic, calls and loads; a load's index arithmetic, variables and constants count
+    nothing."""
+    n = [0]
+
+    def load(node):
+        n[0] += 1
+        return tvm_ffi.WalkResult.SKIP
+
+    def leaf(node):
+        return tvm_ffi.WalkResult.ADVANCE
+
+    def op(node):
+        n[0] += 1
+        return tvm_ffi.WalkResult.ADVANCE
+
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, load),
+                                   ((tvm.tirx.Var, tvm.tirx.IntImm, tvm.tirx.FloatImm), leaf),
+                                   (tvm.ir.expr.Expr, op)], order="pre")
+    return n[0]
+
+
+def _inlining_repeats_work(sch: tvm.s_tir.Schedule, b) -> bool:
+    """Whether inlining ``b`` would copy work into a consumer several times: a consumer reads
+    ``b``'s output more than once per element (the float32 ``exp`` polynomial of a sigmoid reads
+    its input 12 times; neither TIR nor LLVM shares the copies), and ``b`` is
+
+    - a gather: it reads some buffer at an index other than plain loop variables (a concat,
+      slice or reshape, with its selects and index arithmetic; the concat of YOLOv8's three
+      heads inlined into its class sigmoid took 17% of the network's run), or
+    - more than :data:`MAX_REPEATED_WORK` operations once repeated: an LSTM's cell state
+      (gates, each a sigmoid, already inlined into it) read by the ``tanh`` of the next step,
+      and that step's state by the next one's, grows by that factor a step: Sequencer2D's
+      fused time steps became two PrimFuncs of 12 MB of TIR each, which TVM's lowering did
+      not finish in 5 minutes.
+
+    Such a producer is stored once."""
     block = sch.get(b)
-    if all(isinstance(r.min, (tvm.tirx.Var, tvm.tirx.IntImm)) for region in block.reads
-           for r in region.region):
-        return False  # elementwise or broadcasting: cheap to repeat
+    if len(block.writes) != 1:
+        return False
     written = block.writes[0].source
-    return any(_loads_of(sch.get(c).body.value, written) > 1 for c in sch.get_consumers(b)
-               if isinstance(sch.get(c).body, tvm.tirx.BufferStore))
+    repeats = max([_loads_of(sch.get(c).body.value, written) for c in sch.get_consumers(b)
+                   if isinstance(sch.get(c).body, tvm.tirx.BufferStore)], default=0)
+    if repeats < 2:
+        return False
+    gather = not all(isinstance(r.min, (tvm.tirx.Var, tvm.tirx.IntImm))
+                     for region in block.reads for r in region.region)
+    return gather or (isinstance(block.body, tvm.tirx.BufferStore)
+                      and repeats * _work_of(block.body.value) > MAX_REPEATED_WORK)
 
 
 class Elementwise(ScheduleRule):

@@ -16,8 +16,9 @@ the innermost axis whose values on the reduced axis fit in half the L1, the othe
 chunks in parallel, and the reductions vectorized too, a vector of columns inside their
 reduction loop (a chunk takes the most whole vectors that divide the innermost axis; none
 where no such chunk fits). Also a reduction alone over an axis before the last (a channel
-mean or maximum: CBAM's attention, Hiera's mask units), with what follows it per column (a
-mean's division): the columns in parallel chunks, vectorized inside the reduction loop.
+mean or maximum: CBAM's attention, Hiera's mask units; ResNeSt's sum of products over its
+radix), with what precedes it per element and follows it per column (a mean's division): the
+columns in parallel chunks, vectorized inside the reduction loop.
 """
 from __future__ import annotations
 
@@ -94,12 +95,22 @@ def _vectorize_columns(sch, block, chunk: int, width: int) -> None:
 
 def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bool:
     """One reduction over an axis before the last whose result is the output, with what is
-    computed per column after it (a mean's division): chunks of the innermost axis (at most
-    256 columns, whole vectors) and the other axes in parallel, the columns vectorized inside
-    the reduction loop."""
-    if not blocks:
+    computed per element before it (a product) and per column after it (a mean's division):
+    chunks of the innermost axis (at most 256 columns, whole vectors) and the other axes in
+    parallel, the columns vectorized inside the reduction loop."""
+    # elementwise producers before it (ResNeSt's split attention: a product, then the sum over
+    # the radix axis) are inlined into it
+    lead = 0
+    while lead < len(blocks) and set(_kinds(sch, blocks[lead]) or [2]) == {0}:
+        lead += 1
+    if lead == len(blocks):
         return False
-    red, rest = blocks[0], blocks[1:]
+    red, rest = blocks[lead], blocks[lead + 1:]
+    inside = {sch.get(b).name_hint for b in blocks[:lead + 1]}
+    for b in blocks[:lead]:
+        if not isinstance(sch.get(b).body, tvm.tirx.BufferStore) \
+                or any(sch.get(c).name_hint not in inside for c in sch.get_consumers(b)):
+            return False
     ext, kinds = _extents(sch, red), _kinds(sch, red)
     if ext is None or len(ext) < 2 or kinds != [0] * (len(ext) - 1) + [2] \
             or len(sch.get_loops(red)) != len(ext):
@@ -116,7 +127,7 @@ def _reduce_columns(sch: tvm.s_tir.Schedule, blocks: list, target: Target) -> bo
     # the input is read once: a chunk of at most 256 columns only makes parallel tasks
     fits = [d for d in divisors(columns[-1], 256) if d % p.lanes == 0]
     chunk = fits[-1] if columns[-1] > 256 and fits else columns[-1]
-    for b in rest[:-1]:
+    for b in blocks[:lead] + rest[:-1]:
         sch.compute_inline(b)
     out = rest[-1] if rest else red
     loops = sch.get_loops(out)[:len(columns)]

@@ -23,10 +23,12 @@ def _sigmoid_add(shape):
     return te.create_prim_func([x, y])
 
 
-@pytest.mark.parametrize("shape", [(1, 4, 3, 3), (1, 8, 3, 3), (2, 16, 32, 32), (3, 5)])
+@pytest.mark.parametrize("shape", [(1, 4, 3, 3), (1, 8, 3, 3), (2, 16, 32, 32), (3, 5),
+                                   (1, 3, 75, 75)])
 def test_elementwise_function_builds_and_matches_float64(shape):
     """``sigmoid(x) + x`` over (1, 4, 3, 3) left to LLVM's auto-vectorizers failed LLVM's
-    module verification in TVM 0.27; scheduled here it builds, and every shape matches."""
+    module verification in TVM 0.27; scheduled here it builds, and every shape matches. A large
+    block of odd sizes (no vector of 4 divides it) still runs in parallel."""
     mod = apply_default_schedules(tvm.IRModule({"main": _sigmoid_add(shape)}), TARGET,
                                   topi_bn_ops=False, graph_ops=True)
     script = mod["main"].script()
@@ -105,4 +107,33 @@ def test_a_gather_is_stored_once_before_a_consumer_that_reads_it_many_times():
     out = tvm.runtime.empty((4, 64), "float32")
     lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), out)
     ref = 1.0 / (1.0 + np.exp(-0.5 * np.concatenate([xa, xb], 1).astype("float64")))
+    assert_close(out.numpy(), ref, "float32")
+
+
+def test_a_recurrence_is_stored_where_inlining_would_repeat_much_work(rng):
+    """An LSTM's cell state is read several times by the next step (its ``tanh``, the next
+    state): inlined step after step, the expression grows by that factor a step (Sequencer2D's
+    fused time steps: two PrimFuncs of 12 MB of TIR that TVM did not lower in 5 minutes). Here
+    each step reads the last three times; the chain is inlined only while the copies stay small,
+    then a step is stored, so the kernel stays small and right."""
+    steps = 12
+    x = te.placeholder((8, 64), name="x")
+    c = x
+    for t in range(steps):
+        prev = c
+        c = te.compute((8, 64), lambda i, j: prev[i, j] * prev[i, j] * 0.25 + prev[i, j] * 0.5,
+                       name=f"c{t}")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, c])}))
+    assert schedule_elementwise(sch, TARGET)
+    script = sch.mod["main"].script()
+    stored = sum(f'T.sblock("c{t}")' in script for t in range(steps - 1))
+    assert 0 < stored < steps - 1, script  # some steps inlined, some stored
+    assert len(script) < 40_000  # all inlined: 3^12 copies of the input's load
+    lib = tvm.compile(sch.mod, target=TARGET)
+    xin = rng.uniform(-1, 1, (8, 64)).astype("float32")
+    out = tvm.runtime.empty((8, 64), "float32")
+    lib["main"](tvm.runtime.tensor(xin), out)
+    ref = xin.astype("float64")
+    for _ in range(steps):
+        ref = ref * ref * 0.25 + ref * 0.5
     assert_close(out.numpy(), ref, "float32")

@@ -108,6 +108,33 @@ def test_reductions_over_columns_match_float64(kind, shape, axis):
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_products_summed_over_columns_match_float64():
+    """ResNeSt's split attention: each radix's feature map times its attention weight (a
+    product, broadcast over the image), summed over the radix axis; FuseOps makes it one
+    function, which ran serial. The product is inlined into the sum, scheduled as a column
+    reduction."""
+    shape = (1, 2, 64, 14, 14)
+    x = te.placeholder(shape, name="x")
+    a = te.placeholder((1, 2, 64, 1, 1), name="a")
+    prod = te.compute(shape, lambda n, r, c, h, w: x[n, r, c, h, w] * a[n, r, c, 0, 0],
+                      name="prod")
+    k = te.reduce_axis((0, 2), name="k")
+    y = te.compute((1, 64, 14, 14), lambda n, c, h, w: te.sum(prod[n, k, c, h, w], axis=k),
+                   name="red")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, a, y])}))
+    assert schedule_rows(sch, resolve_target({"kind": "llvm", "mcpu": "haswell",
+                                              "num-cores": 2}))
+    script = sch.mod.script()
+    assert "T.parallel" in script and 'T.sblock("prod")' not in script
+    lib = tvm.compile(sch.mod, target=resolve_target(TARGET))
+    rng = np.random.default_rng(4)
+    xin, ain = (rng.standard_normal(s).astype("float32") for s in (shape, (1, 2, 64, 1, 1)))
+    out = tvm.runtime.empty((1, 64, 14, 14), "float32")
+    lib["main"](tvm.runtime.tensor(xin), tvm.runtime.tensor(ain), out)
+    ref = (xin.astype("float64") * ain).sum(1)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_columns_too_long_for_a_chunk_are_left_alone():
     """Columns whose values over the reduced axis fill the L1 and whose last axis has no chunk
     of whole vectors that fits (a prime length) are not scheduled; nor are two reductions over
