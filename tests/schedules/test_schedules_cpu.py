@@ -8,11 +8,11 @@ import pytest
 import tvm
 from tvm import te
 
-from topi_bn import compute
+from topi_bn import compute, reference
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules import rules
 from topi_bn.targets import resolve_target, vector_lanes
-from topi_bn.testing import TOLERANCES, as_float64, run_prim_func
+from topi_bn.testing import TOLERANCES, as_float64, assert_close, run_prim_func
 from topi_bn.workloads import Workload
 
 TARGETS = ("x86", "x86-avx2")
@@ -175,6 +175,27 @@ def test_fused_elementwise_consumer_is_inlined():
     ref = np.maximum(w.reference(*[as_float64(a) for a in ins])[0], 0)
     out = run_prim_func(lib, ins, [((8, 64), "float32")])[0]
     np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape, axis, cores, parallel", [
+    ((1, 16, 14, 14), (1, 2, 3), 2, 2),   # one image's layer norm: chunks, then the output
+    ((1, 3001), -1, 2, 2),                # one row of a prime length
+    ((4, 16, 14, 14), (1, 2, 3), 2, 1),   # a row per task
+    ((4, 16, 14, 14), (1, 2, 3), 8, 2),
+])
+def test_layer_norm_with_fewer_rows_than_cores(rng, shape, axis, cores, parallel):
+    """Fewer rows than cores: each row's chunk passes run in parallel, then the normalization
+    in parallel on its own (one task per row would use one core); else a task per row. Against
+    float64 on data of mean 10."""
+    target = resolve_target({"kind": "llvm", "mcpu": "haswell", "num-cores": cores})
+    x = te.placeholder(shape, "float32", name="x")
+    y = compute.layer_norm(x, axis=axis)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func([x, y])}), target)
+    assert mod["main"].script().count("T.parallel") == parallel
+    lib = tvm.compile(mod, target=target)
+    xin = (rng.standard_normal(shape) + 10).astype("float32")
+    out = run_prim_func(lib, [xin], [(shape, "float32")])[0]
+    assert_close(out, reference.layer_norm(xin, axis=axis), "float32")
 
 
 @pytest.mark.parametrize("w", [CASES[0], CASES[4], CASES[7], CASES[10]],
