@@ -39,7 +39,7 @@ __all__ = ["NormStatsConfig", "BatchNormTrain", "LayerNorm", "GroupNorm"]
 
 @dataclass(frozen=True)
 class NormStatsConfig:
-    """Knobs of training batch-norm and layer_norm: the blocked two-pass statistics
+    """Knobs of training batch-norm, layer_norm and group_norm: the blocked two-pass statistics
     (:mod:`topi_bn.compute.statistics`, a ``(b, G, K)`` view of each reduction) and the
     normalization after them.
 
