@@ -102,6 +102,9 @@ OPS = {
         dict(data=T((4, C, 3, 3)), gamma=T((C,)), beta=T((C,)), mean=T((C,)), var=T((C,)))),
     "layer_norm": OpCall(
         topi_bn.layer_norm, ref.layer_norm, dict(data=T((4, C)), gamma=T((C,)), beta=T((C,)))),
+    "group_norm": OpCall(
+        topi_bn.group_norm, ref.group_norm,
+        dict(data=T((2, C, 3, 3)), gamma=T((C,)), beta=T((C,))), dict(groups=2)),
 }
 REQUIRED = {"data", "weight", "mean", "var", "running_mean", "running_var", "shift"}
 
@@ -158,7 +161,8 @@ def test_reference_given_a_te_tensor_or_non_numbers(op):
 SHARED = [
     # eps: a finite number > 0 (and representable in the dtype it is added in)
     *[(op, f"eps={v!r}", {}, {"eps": v}, exc, "eps")
-      for op in ("conv2d_bn_relu", "batch_norm_train", "batch_norm_infer", "layer_norm")
+      for op in ("conv2d_bn_relu", "batch_norm_train", "batch_norm_infer", "layer_norm",
+                 "group_norm")
       for v, exc in ((INF, ValueError), (NAN, ValueError), (-1e-5, ValueError),
                      (0.0, ValueError), (True, TypeError), ("1e-5", TypeError),
                      (None, TypeError))],
@@ -179,6 +183,14 @@ SHARED = [
     ("layer_norm", "axis=(0,) not trailing", {}, {"axis": (0,)}, ValueError, "axis"),
     ("layer_norm", "axis=()", {}, {"axis": ()}, ValueError, "axis"),
     ("layer_norm", "return_stats=yes", {}, {"return_stats": "yes"}, TypeError, "return_stats"),
+    # groups: an int >= 1 dividing the channels
+    *[("group_norm", f"groups={v!r}", {}, {"groups": v}, exc, "groups")
+      for v, exc in ((3, ValueError), (0, ValueError), (-2, ValueError), (2.0, TypeError),
+                     (True, TypeError), ("2", TypeError), (None, TypeError))],
+    *[("group_norm", f"{p} of shape {s}", {p: T(s)}, {}, ValueError, p)
+      for p in ("gamma", "beta") for s in ((1,), (C - 1,), (C, 1), ())],
+    ("group_norm", "data 1-D", {"data": T((C,))}, {}, ValueError, "data"),
+    ("group_norm", "zero-size groups", {"data": T((2, C, 0, 3))}, {}, ValueError, "data"),
     # rank and channel mismatches (gamma of shape (1,) must not broadcast)
     *[(op, f"{p} of shape {s}", {p: T(s)}, {}, ValueError, p)
       for op in ("batch_norm_train", "batch_norm_infer")
@@ -257,6 +269,9 @@ COMPUTE_ONLY = [
     ("layer_norm", "int32 data", {"data": T((4, C), "int32"), "gamma": None, "beta": None}, {},
      TypeError, "data"),
     ("layer_norm", "float16 gamma", {"gamma": T((C,), "float16")}, {}, TypeError, "gamma"),
+    ("group_norm", "int32 data", {"data": T((2, C, 3, 3), "int32"), "gamma": None,
+                                  "beta": None}, {}, TypeError, "data"),
+    ("group_norm", "float16 beta", {"beta": T((C,), "float16")}, {}, TypeError, "beta"),
     # eps that is finite in float64 but not in the float32 the kernel adds it in
     ("batch_norm_train", "eps=1e39 (inf in float32)", {}, {"eps": 1e39}, ValueError, "eps"),
     ("layer_norm", "eps=1e-50 (0 in float32)", {}, {"eps": 1e-50}, ValueError, "eps"),
@@ -291,6 +306,10 @@ def test_symbolic_shapes_where_static_ones_are_needed():
     spec.run("te", {"data": te.placeholder((n, C, 6, 6))}, {})
     OPS["batch_norm_train"].run("te", {"data": te.placeholder((n, C))}, {})
     OPS["layer_norm"].run("te", {"data": te.placeholder((n, C))}, {})
+    OPS["group_norm"].run("te", {"data": te.placeholder((n, C, 3, 3))}, {})
+    assert_clear_error(lambda: OPS["group_norm"].run(
+        "te", {"data": te.placeholder((2, n, 3, 3)), "gamma": None, "beta": None}, {}),
+        ValueError, "data", "static")
 
 
 def test_reference_accepts_what_the_compute_does():
@@ -649,7 +668,7 @@ def test_every_public_api_is_in_this_suite():
         "workload_prim_func", "fold_batch_norm", "FoldRecord", "bn_scale_shift",
         "apply_bn_mode", "lower", "pipeline", "from_onnx", "from_exported_program",
         "FuseConvBatchNorm",  # as fuse_conv_batch_norm (the pass runs it)
-        "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc", "layouts",
+        "conv2d_bn_act_nchwc", "conv2d_shift_act_nchwc", "layouts", "group_norm",
     }
     no_arguments = {"register", "unregister", "is_registered", "tvm_lowering"}
     data = {"SKIP_REASONS", "BN_MODES", "FoldedLayer", "SkippedBatchNorm", "SymbolicShapeWarning"}

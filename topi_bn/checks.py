@@ -400,7 +400,9 @@ def check_group_norm(data: Any, gamma: Any, beta: Any, *, groups: Any, eps: Any,
     shape = shape_of(data)
     if len(shape) < 2:
         raise ValueError(f"data: expected a tensor of rank >= 2 (N, C, ...), got shape {shape}")
-    if not _is_int(groups) or groups < 1:
+    if not _is_int(groups):
+        raise TypeError(f"groups: expected an int >= 1, got {describe(groups)} {groups!r}")
+    if groups < 1:
         raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
     channels = shape[1]
     if not isinstance(channels, int):

@@ -91,7 +91,7 @@ def test_group_norm_parallel_structure(images, groups, cores, per_group):
 @pytest.mark.parametrize("kwargs,err,match", [
     (dict(groups=5), ValueError, "groups: expected a divisor of the 8 channels"),
     (dict(groups=0), ValueError, "groups: expected an int >= 1"),
-    (dict(groups=2.0), ValueError, "groups: expected an int >= 1"),
+    (dict(groups=2.0), TypeError, "groups: expected an int >= 1"),
     (dict(groups=2, eps=0.0), ValueError, "eps: expected a finite number > 0"),
 ])
 def test_group_norm_bad_arguments(kwargs, err, match):
