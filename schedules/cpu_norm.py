@@ -90,6 +90,22 @@ def _vectorize_tail(sch: tvm.s_tir.Schedule, loops: list, tile) -> None:
     sch.vectorize(sch.split(fused, [None, tile])[1])
 
 
+def _parallel_output(sch: tvm.s_tir.Schedule, norm, lead: int, tile) -> None:
+    """The normalization ``norm`` computed on its own after the statistics (fewer rows than
+    cores): its first ``lead`` loops fused into one parallel loop, the others vectorized in
+    tiles of ``tile``; when it has no others, all its loops fused and split into parallel
+    tiles."""
+    loops = sch.get_loops(norm)
+    if len(loops) > lead:
+        sch.parallel(sch.fuse(*loops[:lead]) if lead > 1 else loops[0])
+        _vectorize_tail(sch, loops[lead:], tile)
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    outer, inner = sch.split(fused, [None, tile])
+    sch.parallel(outer)
+    sch.vectorize(inner)
+
+
 def _split_tile(sch: tvm.s_tir.Schedule, loop, vectors, v: int) -> list:
     """``loop`` split into ``[outer,] vectors, v``: tiles of ``vectors`` (None: the whole loop)
     vectors of ``v`` lanes."""
@@ -252,27 +268,20 @@ def _schedule_layer_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     rows = math.prod(extent(sch, lp) for lp in sch.get_loops(st["chunk", "mean"])[:n_rows])
     groups = extent(sch, sch.get_loops(st["chunk", "mean"])[n_rows + 1])
     cols_shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars[n_rows:]]
-    vectors, nt, _ = NormStatsConfig.sample(sch, tunable, groups, math.prod(cols_shape), p)
     per_row = rows >= p.cores
+    # the normalization's vectorized loop: all the columns, or, with the first column axis in
+    # the parallel loop (fewer rows than cores), the others
+    tail = cols_shape if per_row else (cols_shape[1:] or cols_shape)
+    vectors, nt, _ = NormStatsConfig.sample(sch, tunable, groups, math.prod(tail), p)
     after = ["ln_rstd", "ln_norm", "ln_mean_out", "ln_rstd_out"] if per_row else \
         ["ln_rstd", "ln_mean_out", "ln_rstd_out"]
     _schedule_stats_rows(sch, st, n_rows, vectors, vector_width(groups, p.lanes), p.lanes,
                          [blocks[n] for n in after if n in blocks], split_chunks=not per_row)
     if per_row:
         _vectorize_tail(sch, sch.get_loops(norm)[1:], nt)
-    else:  # fewer rows than cores (one (C, H, W) image): the output in parallel on its own,
-        # over the rows and the first normalized axis, the others vectorized (over all of them
-        # in vectors across the rows of the last axis: 0.16 against 0.05 ms for (1, 64, 56, 56))
-        loops = sch.get_loops(norm)
-        if len(loops) > n_rows + 1:
-            sch.parallel(sch.fuse(*loops[:n_rows + 1]))
-            _vectorize_tail(sch, loops[n_rows + 1:],
-                            vector_tile(math.prod(cols_shape[1:]), p.lanes, 4))
-        else:
-            fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-            outer, inner = sch.split(fused, [None, vector_tile(cols_shape[-1], p.lanes, 4)])
-            sch.parallel(outer)
-            sch.vectorize(inner)
+    else:  # one (C, H, W) image: vectors over all the columns would cross the rows of the last
+        # axis (0.16 against 0.05 ms for (1, 64, 56, 56))
+        _parallel_output(sch, norm, n_rows + 1, nt)
 
 
 def _schedule_group_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunable: bool) -> None:
@@ -283,17 +292,18 @@ def _schedule_group_norm(sch: tvm.s_tir.Schedule, anchor, target: Target, tunabl
     st = stats_blocks(blocks, "gn")
     images, groups, _, lanes = (extent(sch, lp) for lp in sch.get_loops(st["chunk", "mean"])[:4])
     shape = [int(iv.dom.extent) for iv in sch.get(norm).iter_vars]
-    vectors, nt, _ = NormStatsConfig.sample(sch, tunable, lanes, math.prod(shape[2:]), p)
     per_row = images * groups >= p.cores
+    # the normalization's vectorized loop: the axes after the channel (or, for (N, C) data,
+    # the group's channels in its task, all of them otherwise)
+    tail = shape[2:] or [shape[1] // groups if per_row else shape[1]]
+    vectors, nt, _ = NormStatsConfig.sample(sch, tunable, lanes, math.prod(tail), p)
     row = _schedule_stats_rows(sch, st, 2, vectors, vector_width(lanes, p.lanes), p.lanes,
                                [blocks["gn_rstd"]], split_chunks=not per_row)
     if per_row:  # the group's channels in the group's task
         sch.reverse_compute_at(norm, row, preserve_unit_loops=True)
-        inner = loops_under(sch, norm, row)
+        _vectorize_tail(sch, loops_under(sch, norm, row), nt)
     else:  # a task per channel of each image
-        n, c, *inner = sch.get_loops(norm)
-        sch.parallel(sch.fuse(n, c))
-    _vectorize_tail(sch, inner, nt)
+        _parallel_output(sch, norm, 2, nt)
 
 
 # -- rules ----------------------------------------------------------------------------------------

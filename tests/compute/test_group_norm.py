@@ -57,9 +57,10 @@ def test_group_norm_stable_far_from_zero(rng, mean):
 
 
 # one image, one group: fewer groups than the 2 cores (chunks in parallel); 2 x 8 groups: a
-# task per group; odd sizes: no whole vectors
+# task per group; odd sizes: no whole vectors; (N, C) and (N, C, L) data
 @pytest.mark.parametrize("shape,groups", [((1, 64, 28, 28), 1), ((2, 32, 14, 14), 8),
-                                          ((1, 6, 5, 7), 3), ((1, 12, 7, 9), 1)])
+                                          ((1, 6, 5, 7), 3), ((1, 12, 7, 9), 1),
+                                          ((1, 64), 1), ((4, 64), 2), ((1, 16, 49), 2)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_scheduled_group_norm_matches_reference(rng, shape, groups, affine):
     target = resolve_target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})

@@ -168,7 +168,7 @@ def _group_norm_module(shape, groups, relu=True):
 
 
 @pytest.mark.parametrize("shape,groups", [((2, 128, 8, 8), 8), ((2, 6, 5, 7), 3), ((4, 16, 9), 4),
-                                          ((1, 8, 4, 4), 1)])
+                                          ((1, 8, 4, 4), 1), ((1, 64), 1)])
 def test_group_norm_is_topi_bns(rng, shape, groups):
     """GroupNorm on a CPU target: topi-bn's group_norm (two-pass statistics) with the ReLU after
     it fused, one group of one image included. On data of mean 10 TVM's lowering (variance as
