@@ -68,6 +68,10 @@ class CpuParams:
         multiply-adds per lane where an FMA does one); the bf16 conv with pair-packed weights
         (:mod:`~topi_bn.schedules.cpu_conv_dpbf16`) uses it, and the graph pass picks that conv
         only then.
+    amx_bf16 : bool
+        AMX with bf16 tiles (Intel Sapphire Rapids and later): ``tdpbf16ps`` multiplies a tile
+        of up to 16 output positions by 16 output channels over up to 32 input channels in one
+        instruction; the pair-packed conv's micro-kernel then keeps its accumulators in tiles.
     """
 
     lanes: int
@@ -81,6 +85,7 @@ class CpuParams:
     embedded_broadcast: bool = False
     broadcast_cost: float = 0.0
     bf16_dot: bool = False
+    amx_bf16: bool = False
 
     @property
     def accumulators(self) -> int:
@@ -95,9 +100,13 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
     aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
     avx512 = not aarch64 and vector_bits(target) >= 512
     regs = 32 if aarch64 or avx512 else 16
+    def has(*features):
+        return target.kind.name == "llvm" and bool(codegen.llvm_cpu_has_features(
+            list(features), target))
+
     issue = dict(loads_per_cycle=3.0, embedded_broadcast=True, broadcast_cost=0.5,
-                 bf16_dot=target.kind.name == "llvm" and bool(
-                     codegen.llvm_cpu_has_features(["avx512bf16"], target))) if avx512 else {}
+                 bf16_dot=has("avx512bf16"),
+                 amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16")) if avx512 else {}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
 

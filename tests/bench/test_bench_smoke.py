@@ -749,7 +749,7 @@ def test_import_path_line_pairs_builds_of_the_same_dtype():
 
 @pytest.mark.parametrize("target,kind", [
     ({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, "dpbf16"),
-    ({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}, "dpbf16"),
+    ({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}, "dpbf16"),  # on AMX tiles
     ("x86-avx512", "blocked"), ("x86-avx2", "blocked"),
 ])
 def test_bf16_layer_row_runs_the_networks_kernel(target, kind):

@@ -1,0 +1,193 @@
+"""The bf16 pair conv on AMX tiles (issue 27, part 2: "AMX tiles where the CPU has them"): its
+micro-kernel's IR, where the schedule and the graph pass choose it (read from the target, never
+the host), the code it compiles to (compiled and read on any host), and its numerics against
+float64 on hosts that have AMX (elsewhere skipped: no test assumes the host's ISA)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import topi_bn
+from topi_bn import layouts as L
+from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_nchwc
+from topi_bn.dtypes import round_to_bfloat16
+from topi_bn.schedules import apply_default_schedules
+from topi_bn.schedules.cpu_conv_dpbf16 import (
+    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_dpbf16, amx_kernel_ir, intrinsic_applies_to,
+    intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
+)
+from topi_bn.schedules.helpers import cpu_params
+from topi_bn.targets import host_can_run
+from topi_bn.testing import assert_close_to_range, bf16_conv_case, run_te
+
+BF16 = "bfloat16"
+
+
+def _target(mcpu, **extra):
+    return topi_bn.resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2, **extra})
+
+
+def _spr():
+    return _target("sapphirerapids")
+
+
+def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, kb=16):
+    x = np.asarray(round_to_bfloat16(rng.standard_normal((1, c, hw, hw))), np.float64)
+    w = np.asarray(round_to_bfloat16(rng.standard_normal((k, c, ksz, ksz))
+                                     / np.sqrt(c * ksz * ksz)), np.float64)
+    pad = ksz // 2
+    oh = (hw + 2 * pad - ksz) // stride + 1
+    opts = {"strides": stride, "padding": pad}
+    arrays, expect = bf16_conv_case(rng, x, w, L.pack_weight_pairs(w, 16, kb), cb=16, kb=kb,
+                                    out_hw=(oh, oh), folded=folded, residual=residual, **opts)
+    ph = {n: te.placeholder(a.shape, str(a.dtype), name=n) for n, a in arrays.items()}
+    compute = conv2d_shift_act_dpbf16_nchwc if "shift" in ph else conv2d_bn_act_dpbf16_nchwc
+    out = compute(*(t for n, t in ph.items() if n != "residual"), residual=ph.get("residual"),
+                  **opts)
+    return list(ph.values()), out, arrays, expect
+
+
+def test_targets_with_amx():
+    """AMX bf16 tiles are read from the target: Sapphire Rapids and Granite Rapids have them;
+    AVX512_BF16 CPUs without them (Zen 4 and 5, Cooper Lake) keep vdpbf16ps, and a
+    Sapphire Rapids target with AMX turned off too."""
+    assert amx_dpbf16(_spr()) and amx_dpbf16(_target("graniterapids"))
+    for mcpu in ("znver4", "znver5", "cooperlake"):
+        assert native_dpbf16(_target(mcpu)) and not amx_dpbf16(_target(mcpu)), mcpu
+    off = _target("sapphirerapids", mattr=["-amx-bf16", "-amx-tile"])
+    assert native_dpbf16(off) and not amx_dpbf16(off)
+    assert not cpu_params(topi_bn.resolve_target("x86-avx2")).amx_bf16
+
+
+def test_amx_kernel_ir():
+    ir = amx_kernel_ir(14, blocks=2)
+    assert "define internal void @tb_amx_t14_b2_l16(" in ir
+    # two accumulator tiles loaded and stored once, one input tile and two weight tiles and
+    # two tdpbf16ps per input block
+    assert ir.count("@llvm.x86.tdpbf16ps.internal(i16 14, i16 64") == 2
+    assert ir.count("call x86_amx @llvm.x86.tileloadd64.internal") == 2 + 1 + 2
+    assert ir.count("call void @llvm.x86.tilestored64.internal") == 2
+    # the tile state is asked for once per process (arch_prctl ARCH_REQ_XCOMP_PERM)
+    assert "@syscall(i64 158, i64 4131, i64 18)" in ir
+    assert "i16 32" in amx_kernel_ir(7, lanes=8)  # 8 float32 lanes: 32-byte rows
+    with pytest.raises(ValueError, match=r"^tile, blocks: expected at most 16 rows and 3 "
+                                         r"blocks, got 17, 1$"):
+        amx_kernel_ir(AMX_MAX_ROWS + 1)
+    with pytest.raises(ValueError, match=r"^tile, blocks: expected"):
+        amx_kernel_ir(14, blocks=AMX_MAX_BLOCKS + 1)
+    with pytest.raises(ValueError, match=r"^lanes: expected 8 or 16, got 4$"):
+        amx_kernel_ir(14, lanes=4)
+
+
+def test_amx_tiles_and_candidates():
+    """The default tile on an AMX target: the widest divisor of OW of at most 16 rows, two
+    output blocks where they divide the conv's; a map of one column keeps vdpbf16ps. Tuning
+    tries AMX tiles only (at most 16 rows and 3 blocks)."""
+    p = cpu_params(_spr())
+    assert PairTile.default(56, 4, 1 << 16, p) == PairTile(14, 2, True, True)
+    assert PairTile.default(7, 3, 1 << 16, p) == PairTile(7, 1, True, True)
+    assert PairTile.default(32, 8, 1 << 22, p) == PairTile(16, 2, False, True)
+    assert not PairTile.default(1, 4, 1 << 16, p).amx
+    zen = PairTile.default(56, 4, 1 << 16, cpu_params(_target("znver5")))
+    assert not zen.amx and zen.tile == 14
+    cands = pair_tile_candidates(56, 6, 1 << 16, p)
+    assert cands[0] == PairTile(14, 2, True, True)
+    assert all(c.amx and c.tile <= AMX_MAX_ROWS and c.blocks <= AMX_MAX_BLOCKS for c in cands)
+    assert {c.blocks for c in cands} == {1, 2, 3} and {c.tile for c in cands} == {4, 7, 8, 14}
+
+
+def test_which_records_apply():
+    """A record tuned on a Zen 5 (a vdpbf16ps tile of 14 positions) does not replace the AMX
+    tiles of a Sapphire Rapids build; a one-position vdpbf16ps tile (a 1x1 map) applies to
+    both; an AMX record applies only where AMX is."""
+    vdp, one = "topi_bn.dpbf16_b1_t14_l16_s1_c16_native", "topi_bn.dpbf16_b1_t1_l16_s1_c16_native"
+    amx = "topi_bn.amx_b2_t14_l16_s1_c16_r4"
+    spr, zen = _spr(), _target("znver5")
+    assert not intrinsic_applies_to(vdp, spr) and intrinsic_applies_to(vdp, zen)
+    assert intrinsic_applies_to(one, spr) and intrinsic_applies_to(one, zen)
+    assert intrinsic_applies_to(amx, spr) and not intrinsic_applies_to(amx, zen)
+    assert intrinsic_runs_on(vdp, spr) and not intrinsic_runs_on(amx, zen)
+    # a record's AMX intrinsic is registered from its name (replayed in a fresh process)
+    assert register_intrinsics_named_in(f'["Tensorize", "{amx}"]') == [amx]
+    assert tvm.s_tir.TensorIntrin.get(amx, allow_missing=True) is not None
+
+
+CASES = [
+    (dict(c=64, hw=14, k=32), "3x3, 4 input blocks, 2 output blocks"),
+    (dict(c=64, hw=14, k=48, ksz=1), "1x1, 3 output blocks (2 + 1 per tile: 1)"),
+    (dict(c=64, hw=28, k=64, stride=2), "3x3 stride 2"),
+    (dict(c=16, hw=14, k=32, ksz=1), "one input block"),
+    (dict(c=48, hw=7, k=48, ksz=1, residual=False), "7 positions, no residual"),
+    (dict(c=64, hw=14, k=24, kb=8, ksz=1), "8-channel output blocks"),
+    (dict(c=32, hw=10, k=32, folded=True), "folded"),
+]
+
+
+@pytest.mark.parametrize("case", [c for c, _ in CASES], ids=[i for _, i in CASES])
+def test_compiles_to_tile_instructions(rng, case):
+    """Compiled for Sapphire Rapids (never run here): the conv's reduction is tdpbf16ps on
+    tiles, with no vdpbf16ps left (the epilogue's BN is float32 FMAs); the kernel loads its
+    tile configuration, and asks for the tile state where its flag says it has not (the
+    asking block is laid out after the loop it returns to: a fresh process runs it in
+    :func:`test_a_fresh_process_asks_for_the_tile_state`)."""
+    ph, out, _, _ = _problem(rng, **case)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  _spr())
+    asm = tvm.compile(mod, target=_spr()).mod.inspect_source("asm")
+    lines = [ln.strip() for ln in asm.splitlines()]
+    dots = [i for i, ln in enumerate(lines) if ln.startswith("tdpbf16ps")]
+    assert dots, "no tdpbf16ps"
+    assert not [ln for ln in lines if ln.startswith("vdpbf16ps")]
+    assert [ln for ln in lines if ln.startswith("ldtilecfg")]
+    assert [ln for ln in lines if re.match(r"call\w*\s+syscall", ln)]
+    assert [ln for ln in lines if re.search(r"tb_amx_\w+\.asked", ln)]
+
+
+_FRESH = """
+import numpy as np, tvm, topi_bn
+from topi_bn.schedules import apply_default_schedules
+from tvm import te
+import test_amx_dpbf16 as t
+ph, out, arrays, expect = t._problem(np.random.default_rng(0), c=32, hw=8, k=32, ksz=1)
+from topi_bn.testing import run_te, assert_close_to_range
+(got,) = run_te(ph, out, list(arrays.values()), target=t._spr(), schedule=True)
+assert_close_to_range(got, expect, "bfloat16")
+print("ran")
+"""
+
+
+def test_a_fresh_process_asks_for_the_tile_state():
+    """A process that has not asked Linux for the AMX tile state runs the kernel (the first
+    tile instruction would otherwise kill it with SIGILL); on AMX hosts only."""
+    import os
+    import subprocess
+    import sys
+
+    ok, why = host_can_run(_spr())
+    if not ok:
+        pytest.skip(f"this CPU cannot run sapphirerapids code: {why}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ran", run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", [c for c, _ in CASES], ids=[i for _, i in CASES])
+def test_matches_float64_on_amx_hosts(rng, case):
+    """Run where the host has AMX: within bf16's range tolerance of the float64 conv of the
+    same bf16 values, and (the check can fail) the weight's pairs swapped is not."""
+    ok, why = host_can_run(_spr())
+    if not ok:
+        pytest.skip(f"this CPU cannot run sapphirerapids code: {why}")
+    ph, out, arrays, expect = _problem(rng, **case)
+    (got,) = run_te(ph, out, list(arrays.values()), target=_spr(), schedule=True)
+    assert_close_to_range(got, expect, BF16)
+    swapped = dict(arrays, weight=np.ascontiguousarray(arrays["weight"][..., ::-1]))
+    (bad,) = run_te(ph, out, list(swapped.values()), target=_spr(), schedule=True)
+    with pytest.raises(AssertionError):
+        assert_close_to_range(bad, expect, BF16)
