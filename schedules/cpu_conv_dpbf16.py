@@ -54,6 +54,7 @@ import re
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm.script import tirx as T
 from tvm.target import Target
 
@@ -214,15 +215,16 @@ def amx_kernel_name(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
 
 def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     """LLVM IR of ``void <amx_kernel_name>(ptr acc, ptr x, ptr w, i32 xstep, i32 pairs, i32
-    cstep, i32 wstep, i32 bstep, i32 chunks, i32 xchunk, i32 wchunk)``: what
-    :func:`micro_kernel_ir`'s kernel computes, summed over ``chunks`` input-channel blocks
-    (the ``x`` and ``w`` of block ``i`` at ``i * xchunk`` and ``i * wchunk`` elements), with
-    AMX tiles: per block of the tile one float32 accumulator tile (``tile`` rows of ``lanes``
-    channels, row stride ``cstep``), loaded once and stored once; per input block one bf16
-    input tile (``tile`` rows of ``pairs`` pairs, row stride ``xstep``, shared by the blocks)
-    and per block a weight tile (``pairs`` rows of ``lanes`` pairs) and one ``tdpbf16ps``. The
-    kernel asks Linux for the tile state once per process (a flag in the module) before its
-    first tile load."""
+    cstep, i32 wstep, i32 bstep, i32 chunks, i32 xchunk, i32 wchunk, i32 kh, i32 kw, i32 xky,
+    i32 xkx, i32 wky, i32 wkx)``: what :func:`micro_kernel_ir`'s kernel computes, summed over
+    ``chunks`` input-channel blocks and ``kh x kw`` kernel taps (the ``x`` and ``w`` of block
+    ``i`` and tap ``(y, x)`` at ``i * xchunk + y * xky + x * xkx`` and ``i * wchunk + y * wky
+    + x * wkx`` elements), with AMX tiles: per block of the tile one float32 accumulator tile
+    (``tile`` rows of ``lanes`` channels, row stride ``cstep``), loaded once and stored once;
+    per input block and tap one bf16 input tile (``tile`` rows of ``pairs`` pairs, row stride
+    ``xstep``, shared by the blocks) and per block a weight tile (``pairs`` rows of ``lanes``
+    pairs) and one ``tdpbf16ps``. The kernel asks Linux for the tile state once per process (a
+    flag in the module) before its first tile load."""
     if lanes not in LANE_WIDTHS:
         raise ValueError(f"lanes: expected 8 or 16, got {lanes}")
     if not 1 <= tile <= AMX_MAX_ROWS or not 1 <= blocks <= AMX_MAX_BLOCKS:
@@ -234,7 +236,8 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
         f"@{name}.asked = internal global i8 0",
         f"define internal void @{name}(ptr noalias %acc, ptr noalias %x, ptr noalias %w, "
         "i32 %xstep, i32 %pairs, i32 %cstep, i32 %wstep, i32 %bstep, i32 %chunks, "
-        "i32 %xchunk, i32 %wchunk) alwaysinline {",
+        "i32 %xchunk, i32 %wchunk, i32 %kh, i32 %kw, i32 %xky, i32 %xkx, i32 %wky, "
+        "i32 %wkx) alwaysinline {",
         "entry:",
         f"  %asked = load i8, ptr @{name}.asked, align 1",
         "  %known = icmp ne i8 %asked, 0",
@@ -258,12 +261,20 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
                   f"  %ap{b} = getelementptr float, ptr %acc, i32 %bo{b}",
                   f"  %a{b} = call x86_amx {load}(i16 {tile}, i16 {row}, ptr %ap{b}, "
                   "i64 %crow)"]
-    lines += ["  br label %loop", "loop:", "  %i = phi i32 [0, %tiles], [%i1, %loop]"]
+    # one loop over the input blocks and taps, the tap's column, row and block counted along
+    lines += ["  %khw = mul i32 %kh, %kw", "  %steps = mul i32 %khw, %chunks",
+              "  br label %loop", "loop:",
+              "  %step = phi i32 [0, %tiles], [%step1, %loop]",
+              "  %i = phi i32 [0, %tiles], [%i1, %loop]",
+              "  %ty = phi i32 [0, %tiles], [%ty1, %loop]",
+              "  %tx = phi i32 [0, %tiles], [%tx1, %loop]"]
     lines += [f"  %c{b} = phi x86_amx [%a{b}, %tiles], [%n{b}, %loop]" for b in range(blocks)]
-    lines += ["  %xo = mul i32 %i, %xchunk",
-              "  %xp = getelementptr i16, ptr %x, i32 %xo",
-              f"  %xt = call x86_amx {load}(i16 {tile}, i16 %k, ptr %xp, i64 %xrow)",
-              "  %wo = mul i32 %i, %wchunk"]
+    for t, (chunk, ky, kx) in (("x", ("xchunk", "xky", "xkx")), ("w", ("wchunk", "wky", "wkx"))):
+        lines += [f"  %{t}i = mul i32 %i, %{chunk}", f"  %{t}y = mul i32 %ty, %{ky}",
+                  f"  %{t}x = mul i32 %tx, %{kx}", f"  %{t}iy = add i32 %{t}i, %{t}y",
+                  f"  %{t}o = add i32 %{t}iy, %{t}x"]
+    lines += ["  %xp = getelementptr i16, ptr %x, i32 %xo",
+              f"  %xt = call x86_amx {load}(i16 {tile}, i16 %k, ptr %xp, i64 %xrow)"]
     for b in range(blocks):
         lines += [f"  %wi{b} = add i32 %wo, %wb{b}",
                   f"  %wp{b} = getelementptr i16, ptr %w, i32 %wi{b}",
@@ -271,8 +282,14 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
                   f"i64 {row})",
                   f"  %n{b} = call x86_amx {dot}(i16 {tile}, i16 {row}, i16 %k, "
                   f"x86_amx %c{b}, x86_amx %xt, x86_amx %wt{b})"]
-    lines += ["  %i1 = add i32 %i, 1",
-              "  %more = icmp slt i32 %i1, %chunks",
+    lines += ["  %txn = add i32 %tx, 1", "  %rowend = icmp eq i32 %txn, %kw",
+              "  %tx1 = select i1 %rowend, i32 0, i32 %txn",
+              "  %tyinc = zext i1 %rowend to i32", "  %tyn = add i32 %ty, %tyinc",
+              "  %tapsend = icmp eq i32 %tyn, %kh",
+              "  %ty1 = select i1 %tapsend, i32 0, i32 %tyn",
+              "  %iinc = zext i1 %tapsend to i32", "  %i1 = add i32 %i, %iinc",
+              "  %step1 = add i32 %step, 1",
+              "  %more = icmp slt i32 %step1, %steps",
               "  br i1 %more, label %loop, label %done",
               "done:"]
     lines += [f"  call void @llvm.x86.tilestored64.internal(i16 {tile}, i16 {row}, ptr %ap{b}, "
@@ -307,9 +324,10 @@ def register_intrinsics_named_in(text: str) -> list[str]:
             pair_intrinsic(tile, stride, cb, m.group(6) == "native", blocks, lanes)
             names.append(m.group(0))
     for m in _AMX_INTRIN_NAME.finditer(text):
-        blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups())
+        blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups()[:6])
+        taps = (int(m.group(7)), int(m.group(8))) if m.group(7) else (1, 1)
         if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
-            amx_intrinsic(tile, stride, cb, blocks, lanes, chunks)
+            amx_intrinsic(tile, stride, cb, blocks, lanes, chunks, taps)
             names.append(m.group(0))
     return names
 
@@ -437,29 +455,79 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
 
 #: what the names of the AMX micro-kernels' tensor intrinsics start with
 AMX_INTRIN_PREFIX = "topi_bn.amx_"
-_AMX_INTRIN_NAME = re.compile(r"topi_bn\.amx_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_r(\d+)\b")
+_AMX_INTRIN_NAME = re.compile(
+    r"topi_bn\.amx_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_r(\d+)(?:_k(\d+)x(\d+))?\b")
 
 
-def amx_intrin_name(tile: int, stride: int, cb: int, blocks: int, lanes: int,
-                    chunks: int) -> str:
-    return f"{AMX_INTRIN_PREFIX}b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_r{chunks}"
+def amx_intrin_name(tile: int, stride: int, cb: int, blocks: int, lanes: int, chunks: int,
+                    taps: tuple[int, int] = (1, 1)) -> str:
+    return (f"{AMX_INTRIN_PREFIX}b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_r{chunks}"
+            + (f"_k{taps[0]}x{taps[1]}" if taps != (1, 1) else ""))
 
 
 def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int = LANES,
-                  chunks: int = 1) -> str:
+                  chunks: int = 1, taps: tuple[int, int] = (1, 1)) -> str:
     """The name of the tensor intrinsic (registered on first use) of one AMX micro-kernel call
     (:func:`amx_kernel_ir`): :func:`pair_intrinsic`'s product summed over ``chunks`` input
     blocks, ``C[b, t, k] += f32(X[i, t * stride, 2p + r]) * f32(W[b, i, p, k, r])`` (with one
     input block, :func:`pair_intrinsic`'s description). Its buffers keep the unit dimensions
     between the input-block axis and the positions (the input's row, the weight's kernel
     row and column); its block's axes are in the conv block's order (spatial, then the input
-    blocks), its loops in the schedule's (the input blocks outermost)."""
-    name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks)
+    blocks), its loops in the schedule's (the input blocks outermost). ``taps`` ``(kh, kw)``
+    (both above 1, with several input blocks, dilation 1): the call also sums the kernel's
+    taps, ``X[i, y, t * stride + x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator
+    tiles are loaded and stored once per output tile."""
+    name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks, taps)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    pairs, xw = cb // 2, (tile - 1) * stride + 1
+    kh, kw = taps
+    if taps != (1, 1) and (chunks == 1 or min(taps) == 1):
+        raise ValueError(f"taps: a call sums taps {taps} with several input blocks and both "
+                         f"sides above 1 only (got {chunks} input blocks)")
+    pairs, xw = cb // 2, (tile - 1) * stride + kw
     ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
-    if chunks == 1:
+    if taps != (1, 1) and blocks == 1:
+        x_shape, w_shape, c_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2), \
+            (tile, lanes)
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:tile, 0:lanes], X[0:chunks, 0:kh, 0:xw, 0:cb],
+                        W[0:chunks, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:tile, 0:lanes])
+                for i, y, x_, t, k, p, r in T.grid(chunks, kh, kw, tile, lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vt, vk, vi, vy, vx, vp, vr = T.axis.remap(
+                            "SSRRRRR", [t, k, i, y, x_, p, r])
+                        C[vt, vk] = C[vt, vk] \
+                            + T.Cast("float32", X[vi, vy, vt * stride + vx, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vi, vy, vx, vp, vk, vr])
+    elif taps != (1, 1):
+        x_shape, w_shape, c_shape = (chunks, kh, xw, cb), \
+            (blocks, chunks, kh, kw, pairs, lanes, 2), (blocks, 1, tile, lanes)
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:chunks, 0:kh, 0:xw, 0:cb],
+                        W[0:blocks, 0:chunks, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
+                for i, y, x_, b, t, k, p, r in T.grid(chunks, kh, kw, blocks, tile, lanes,
+                                                      pairs, 2):
+                    with T.sblock("update"):
+                        vb, vt, vk, vi, vy, vx, vp, vr = T.axis.remap(
+                            "SSSRRRRR", [b, t, k, i, y, x_, p, r])
+                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
+                            + T.Cast("float32", X[vi, vy, vt * stride + vx, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vb, vi, vy, vx, vp, vk, vr])
+    elif chunks == 1:
         desc = tvm.s_tir.TensorIntrin.get(pair_intrinsic(tile, stride, cb, False, blocks,
                                                          lanes)).desc
         x_shape, w_shape = (xw, cb), (pairs, lanes, 2) if blocks == 1 else \
@@ -510,8 +578,9 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     x_full = tuple(slice(0, n) for n in x_shape)
     w_full = tuple(slice(0, n) for n in w_shape)
     c_full = tuple(slice(0, n) for n in c_shape)
-    # the weight's input-block axis: its first with one output block, its second with several;
-    # what a call reads of it spans (w_lead, w_more) steps of its first and second axes
+    # the weight's input-block axis: its first with one output block, its second with several,
+    # then the kernel rows and columns; what a call reads of it spans (w_lead, w_more) steps of
+    # its first and second axes and the taps
     w_chunk = 1 if blocks > 1 else 0
     w_lead, w_more = (blocks - 1, chunks - 1) if blocks > 1 else (chunks - 1, 0)
 
@@ -527,16 +596,22 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
                 T.evaluate(T.call_extern(
                     "void", fn, C.access_ptr("rw"),
                     T.tvm_access_ptr(T.type_annotation("uint16"), X.data, X.elem_offset,
-                                     X.strides[0] * (chunks - 1) + X.strides[-2] * (xw - 1)
-                                     + cb, 1),
+                                     X.strides[0] * (chunks - 1) + X.strides[1] * (kh - 1)
+                                     + X.strides[-2] * (xw - 1) + cb, 1),
                     T.tvm_access_ptr(T.type_annotation("uint16"), W.data, W.elem_offset,
                                      W.strides[0] * w_lead + W.strides[1] * w_more
+                                     + W.strides[w_chunk + 1] * (kh - 1)
+                                     + W.strides[w_chunk + 2] * (kw - 1)
                                      + pairs * lanes * 2, 1),
-                    # unused strides (one block, one input block) are passed all the same
+                    # unused strides (one block, one input block, one tap) are passed all the
+                    # same
                     T.Cast("int32", X.strides[-2] * stride), pairs,
                     T.Cast("int32", C.strides[-2]), T.Cast("int32", W.strides[0]),
                     T.Cast("int32", C.strides[0]), chunks, T.Cast("int32", X.strides[0]),
-                    T.Cast("int32", W.strides[w_chunk])))
+                    T.Cast("int32", W.strides[w_chunk]), kh, kw,
+                    T.Cast("int32", X.strides[1]), T.Cast("int32", X.strides[-2]),
+                    T.Cast("int32", W.strides[w_chunk + 1]),
+                    T.Cast("int32", W.strides[w_chunk + 2])))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl)
     return name
@@ -688,7 +763,16 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     stride = _stride(sch.get(conv))
     cb = int(sch.get(rp).extent) * 2
     chunks = int(sch.get(rco).extent)
-    if choice.amx:  # the input blocks inside the kernel rows and columns: one call sums them
+    taps = (int(sch.get(ry).extent), int(sch.get(rx).extent))
+    # AMX: one call sums the input blocks, and the taps too where it can (several input
+    # blocks, both kernel sides above 1, dilation 1); else the taps stay outside it
+    amx_taps = choice.amx and chunks > 1 and min(taps) > 1 \
+        and _dilation(sch.get(conv)) == (1, 1)
+    if amx_taps:  # (the unit loops of the image and row outside: none between the taps)
+        inner = (rco, ry, rx, c_ko) if n_blocks > 1 else (c_ko, rco, ry, rx)
+        sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
+        init = sch.decompose_reduction(conv, rco)
+    elif choice.amx:
         inner = (rco, c_ko) if n_blocks > 1 else (c_ko, rco)
         sch.reorder(ry, rx, *inner, c_ow, c_kb, rp, rt)
         init = sch.decompose_reduction(conv, ry)
@@ -703,7 +787,8 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
     if choice.amx:
         sch.tensorize(rco if chunks > 1 else at,
-                      amx_intrinsic(tile, stride, cb, n_blocks, lanes, chunks))
+                      amx_intrinsic(tile, stride, cb, n_blocks, lanes, chunks,
+                                    taps if amx_taps else (1, 1)))
     else:
         sch.tensorize(at, pair_intrinsic(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
     if x_buf is not None:
@@ -722,6 +807,29 @@ def rows_outer(conv, p) -> bool:
     stride 2 ran 271 us with the channel chunks outside and 316 us inside, re-read from L3 once
     per row."""
     return PairTile.default(*_tile_facts(conv), p).rows_outer
+
+
+def _dilation(block) -> tuple[int, int]:
+    """The conv's dilation (rows, columns): how far its input index moves per kernel row and
+    column (the block's reduction axes after the input blocks)."""
+    (data,) = [r.source for r in block.reads
+               if len(r.source.shape) == 5 and r.source.dtype == "bfloat16"]
+    loads = []
+
+    def load(node):
+        if node.source.same_as(data):
+            loads.append(node.indices)
+        return tvm_ffi.WalkResult.SKIP
+
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.expr.TensorLoad, load)], order="pre")
+    _, ry, rx = [iv.var for iv in block.iter_vars if iv.iter_type == 2][:3]
+    steps = []
+    for var, axis in ((ry, 2), (rx, 3)):
+        ana = tvm.sym.Analyzer()
+        for iv in block.iter_vars:
+            ana.bind(iv.var, 1 if iv.var.same_as(var) else 0)
+        steps.append(int(ana.simplify(loads[0][axis])))
+    return tuple(steps)
 
 
 def _stride(block) -> int:

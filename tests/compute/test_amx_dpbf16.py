@@ -17,7 +17,8 @@ from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
-    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_dpbf16, amx_kernel_ir, intrinsic_applies_to,
+    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_dpbf16, amx_intrinsic, amx_kernel_ir,
+    intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
 from topi_bn.schedules.helpers import cpu_params
@@ -73,6 +74,8 @@ def test_amx_kernel_ir():
     assert ir.count("call void @llvm.x86.tilestored64.internal") == 2
     # the tile state is asked for once per process (arch_prctl ARCH_REQ_XCOMP_PERM)
     assert "@syscall(i64 158, i64 4131, i64 18)" in ir
+    # one loop over the input blocks and the kernel's taps, its row and column counted along
+    assert "%steps = mul i32 %khw, %chunks" in ir and "%tx1 = select" in ir
     assert "i16 32" in amx_kernel_ir(7, lanes=8)  # 8 float32 lanes: 32-byte rows
     with pytest.raises(ValueError, match=r"^tile, blocks: expected at most 16 rows and 3 "
                                          r"blocks, got 17, 1$"):
@@ -111,9 +114,42 @@ def test_which_records_apply():
     assert intrinsic_applies_to(one, spr) and intrinsic_applies_to(one, zen)
     assert intrinsic_applies_to(amx, spr) and not intrinsic_applies_to(amx, zen)
     assert intrinsic_runs_on(vdp, spr) and not intrinsic_runs_on(amx, zen)
-    # a record's AMX intrinsic is registered from its name (replayed in a fresh process)
-    assert register_intrinsics_named_in(f'["Tensorize", "{amx}"]') == [amx]
-    assert tvm.s_tir.TensorIntrin.get(amx, allow_missing=True) is not None
+    # a record's AMX intrinsics are registered from their names (replayed in a fresh process)
+    taps = "topi_bn.amx_b1_t7_l16_s2_c16_r8_k3x3"
+    assert register_intrinsics_named_in(f'["Tensorize", "{amx}", "{taps}"]') == [amx, taps]
+    for name in (amx, taps):
+        assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+    with pytest.raises(ValueError, match=r"^taps: a call sums taps \(3, 3\) with several "):
+        amx_intrinsic(14, 1, 16, chunks=1, taps=(3, 3))
+
+
+def _calls(mod) -> list[str]:
+    """The AMX intrinsics' micro-kernel calls in a scheduled module, with their arguments."""
+    return re.findall(r'T\.call_extern\("void", "tb_amx_\w+".*', mod.script())
+
+
+@pytest.mark.parametrize("case,taps", [
+    (dict(c=64, hw=14, k=32), (3, 3)),                # 4 input blocks: the taps in the call
+    (dict(c=64, hw=28, k=32, stride=2), (3, 3)),      # stride 2 too
+    (dict(c=16, hw=14, k=32), None),                  # one input block: a call per tap
+    (dict(c=64, hw=14, k=32, ksz=1), None),           # 1x1: no taps
+], ids=["3x3", "3x3_stride2", "3x3_one_input_block", "1x1"])
+def test_one_call_sums_the_taps(rng, case, taps):
+    """Where a 3x3 conv has several input blocks, one micro-kernel call per output tile sums
+    its input blocks and taps (its accumulator tiles loaded and stored once); else one call per
+    tap sums the input blocks."""
+    ph, out, _, _ = _problem(rng, **case)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  _spr())
+    (call,) = _calls(mod)
+    # the trailing arguments: input blocks, their strides, then the kernel's rows and columns
+    cast = r'T\.Cast\("int32", [^)]*\)'
+    (args,) = re.findall(rf", (\d+), {cast}, {cast}, (\d+), (\d+), ", call)
+    assert args == (str(case["c"] // 16), *(("3", "3") if taps else ("1", "1"))), call
+    if not taps:
+        # the taps' loops around the call where the kernel has taps
+        loops = re.findall(r"in T\.grid\(3, 1, 3, 1\)|in range\(3\)", mod.script())
+        assert bool(loops) == (case.get("ksz", 3) == 3), loops
 
 
 CASES = [
