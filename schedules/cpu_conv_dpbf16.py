@@ -39,9 +39,9 @@ inlines ``vdpbf16ps`` applies only to targets that have it (:func:`intrinsic_run
 On targets with AMX bf16 tiles (Sapphire Rapids and later: ``CpuParams.amx_bf16``) the
 register tile is an AMX tile instead (:func:`amx_kernel_ir`, ``PairTile.amx``): up to 16
 positions x 16 channels of float32 per accumulator tile, up to 3 output blocks sharing each
-input tile, and one call sums all the input-channel blocks (the schedule puts them inside the
-kernel rows and columns), so an accumulator tile is loaded and stored once per kernel tap
-rather than once per input block. Records of ``vdpbf16ps`` tiles do not apply there
+input tile, and one call sums all the input-channel blocks and, where both kernel sides are
+above 1 (dilation 1), the kernel's taps, so an accumulator tile is loaded and stored once per
+output tile (else once per tap). Records of ``vdpbf16ps`` tiles do not apply there
 (:func:`intrinsic_applies_to`). ResNet-50 bf16 on a Sapphire Rapids (2 threads, in turns):
 25.0 ms on AMX tiles, 64.8 on ``vdpbf16ps``.
 """
@@ -474,19 +474,58 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     between the input-block axis and the positions (the input's row, the weight's kernel
     row and column); its block's axes are in the conv block's order (spatial, then the input
     blocks), its loops in the schedule's (the input blocks outermost). ``taps`` ``(kh, kw)``
-    (both above 1, with several input blocks, dilation 1): the call also sums the kernel's
-    taps, ``X[i, y, t * stride + x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator
-    tiles are loaded and stored once per output tile."""
+    (both above 1, dilation 1): the call also sums the kernel's taps, ``X[i, y, t * stride +
+    x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator tiles are loaded and stored once
+    per output tile (with one input block the description has no loop over it: a loop of one
+    iteration would not match the schedule's, which tensorize drops)."""
     name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks, taps)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     kh, kw = taps
-    if taps != (1, 1) and (chunks == 1 or min(taps) == 1):
-        raise ValueError(f"taps: a call sums taps {taps} with several input blocks and both "
-                         f"sides above 1 only (got {chunks} input blocks)")
+    if taps != (1, 1) and min(taps) == 1:
+        raise ValueError(f"taps: a call sums the taps of kernels with both sides above 1 "
+                         f"only, got {taps}")
     pairs, xw = cb // 2, (tile - 1) * stride + kw
     ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
-    if taps != (1, 1) and blocks == 1:
+    if taps != (1, 1) and chunks == 1 and blocks == 1:
+        x_shape, w_shape, c_shape = (1, kh, xw, cb), (1, kh, kw, pairs, lanes, 2), (tile, lanes)
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:tile, 0:lanes], X[0:1, 0:kh, 0:xw, 0:cb],
+                        W[0:1, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:tile, 0:lanes])
+                for y, x_, t, k, p, r in T.grid(kh, kw, tile, lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vt, vk, vy, vx, vp, vr = T.axis.remap("SSRRRR", [t, k, y, x_, p, r])
+                        C[vt, vk] = C[vt, vk] \
+                            + T.Cast("float32", X[0, vy, vt * stride + vx, vp * 2 + vr]) \
+                            * T.Cast("float32", W[0, vy, vx, vp, vk, vr])
+    elif taps != (1, 1) and chunks == 1:
+        x_shape, w_shape, c_shape = (1, kh, xw, cb), (blocks, 1, kh, kw, pairs, lanes, 2), \
+            (blocks, 1, tile, lanes)
+
+        @T.prim_func(s_tir=True)
+        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
+            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
+            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:1, 0:kh, 0:xw, 0:cb],
+                        W[0:blocks, 0:1, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
+                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
+                for y, x_, b, t, k, p, r in T.grid(kh, kw, blocks, tile, lanes, pairs, 2):
+                    with T.sblock("update"):
+                        vb, vt, vk, vy, vx, vp, vr = T.axis.remap(
+                            "SSSRRRR", [b, t, k, y, x_, p, r])
+                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
+                            + T.Cast("float32", X[0, vy, vt * stride + vx, vp * 2 + vr]) \
+                            * T.Cast("float32", W[vb, 0, vy, vx, vp, vk, vr])
+    elif taps != (1, 1) and blocks == 1:
         x_shape, w_shape, c_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2), \
             (tile, lanes)
 
@@ -764,10 +803,10 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     cb = int(sch.get(rp).extent) * 2
     chunks = int(sch.get(rco).extent)
     taps = (int(sch.get(ry).extent), int(sch.get(rx).extent))
-    # AMX: one call sums the input blocks, and the taps too where it can (several input
-    # blocks, both kernel sides above 1, dilation 1); else the taps stay outside it
-    amx_taps = choice.amx and chunks > 1 and min(taps) > 1 \
-        and _dilation(sch.get(conv)) == (1, 1)
+    # AMX: one call sums the input blocks, and the taps too where it can (both kernel sides
+    # above 1, dilation 1: a ResNet stem's 49 taps of 3 channels were 49 calls per output
+    # tile); else the taps stay outside it
+    amx_taps = choice.amx and min(taps) > 1 and _dilation(sch.get(conv)) == (1, 1)
     if amx_taps:  # (the unit loops of the image and row outside: none between the taps)
         inner = (rco, ry, rx, c_ko) if n_blocks > 1 else (c_ko, rco, ry, rx)
         sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
@@ -786,7 +825,7 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     # positions left to tensorize at: at the lanes)
     at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
     if choice.amx:
-        sch.tensorize(rco if chunks > 1 else at,
+        sch.tensorize(rco if chunks > 1 else ry if amx_taps else at,
                       amx_intrinsic(tile, stride, cb, n_blocks, lanes, chunks,
                                     taps if amx_taps else (1, 1)))
     else:

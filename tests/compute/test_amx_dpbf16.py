@@ -36,14 +36,15 @@ def _spr():
     return _target("sapphirerapids")
 
 
-def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, kb=16):
+def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, kb=16,
+             cb=16):
     x = np.asarray(round_to_bfloat16(rng.standard_normal((1, c, hw, hw))), np.float64)
     w = np.asarray(round_to_bfloat16(rng.standard_normal((k, c, ksz, ksz))
                                      / np.sqrt(c * ksz * ksz)), np.float64)
     pad = ksz // 2
     oh = (hw + 2 * pad - ksz) // stride + 1
     opts = {"strides": stride, "padding": pad}
-    arrays, expect = bf16_conv_case(rng, x, w, L.pack_weight_pairs(w, 16, kb), cb=16, kb=kb,
+    arrays, expect = bf16_conv_case(rng, x, w, L.pack_weight_pairs(w, cb, kb), cb=cb, kb=kb,
                                     out_hw=(oh, oh), folded=folded, residual=residual, **opts)
     ph = {n: te.placeholder(a.shape, str(a.dtype), name=n) for n, a in arrays.items()}
     compute = conv2d_shift_act_dpbf16_nchwc if "shift" in ph else conv2d_bn_act_dpbf16_nchwc
@@ -119,8 +120,8 @@ def test_which_records_apply():
     assert register_intrinsics_named_in(f'["Tensorize", "{amx}", "{taps}"]') == [amx, taps]
     for name in (amx, taps):
         assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
-    with pytest.raises(ValueError, match=r"^taps: a call sums taps \(3, 3\) with several "):
-        amx_intrinsic(14, 1, 16, chunks=1, taps=(3, 3))
+    with pytest.raises(ValueError, match=r"^taps: a call sums the taps of kernels with both "):
+        amx_intrinsic(14, 1, 16, chunks=4, taps=(1, 3))
 
 
 def _calls(mod) -> list[str]:
@@ -131,13 +132,14 @@ def _calls(mod) -> list[str]:
 @pytest.mark.parametrize("case,taps", [
     (dict(c=64, hw=14, k=32), (3, 3)),                # 4 input blocks: the taps in the call
     (dict(c=64, hw=28, k=32, stride=2), (3, 3)),      # stride 2 too
-    (dict(c=16, hw=14, k=32), None),                  # one input block: a call per tap
+    (dict(c=16, hw=14, k=32), (3, 3)),                # one input block
+    (dict(c=3, cb=3, hw=32, k=32, ksz=7, stride=2), (7, 7)),  # a ResNet stem: 3 channels
     (dict(c=64, hw=14, k=32, ksz=1), None),           # 1x1: no taps
-], ids=["3x3", "3x3_stride2", "3x3_one_input_block", "1x1"])
+], ids=["3x3", "3x3_stride2", "3x3_one_input_block", "7x7_stem", "1x1"])
 def test_one_call_sums_the_taps(rng, case, taps):
-    """Where a 3x3 conv has several input blocks, one micro-kernel call per output tile sums
-    its input blocks and taps (its accumulator tiles loaded and stored once); else one call per
-    tap sums the input blocks."""
+    """One micro-kernel call per output tile sums a conv's input blocks and taps (its
+    accumulator tiles loaded and stored once): a ResNet stem's 49 taps of 3 channels were 49
+    calls."""
     ph, out, _, _ = _problem(rng, **case)
     mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
                                   _spr())
@@ -145,11 +147,8 @@ def test_one_call_sums_the_taps(rng, case, taps):
     # the trailing arguments: input blocks, their strides, then the kernel's rows and columns
     cast = r'T\.Cast\("int32", [^)]*\)'
     (args,) = re.findall(rf", (\d+), {cast}, {cast}, (\d+), (\d+), ", call)
-    assert args == (str(case["c"] // 16), *(("3", "3") if taps else ("1", "1"))), call
-    if not taps:
-        # the taps' loops around the call where the kernel has taps
-        loops = re.findall(r"in T\.grid\(3, 1, 3, 1\)|in range\(3\)", mod.script())
-        assert bool(loops) == (case.get("ksz", 3) == 3), loops
+    chunks = -(-case["c"] // case.get("cb", 16))
+    assert args == (str(chunks), *(str(t) for t in taps or (1, 1))), call
 
 
 CASES = [
@@ -160,6 +159,8 @@ CASES = [
     (dict(c=48, hw=7, k=48, ksz=1, residual=False), "7 positions, no residual"),
     (dict(c=64, hw=14, k=24, kb=8, ksz=1), "8-channel output blocks"),
     (dict(c=32, hw=10, k=32, folded=True), "folded"),
+    (dict(c=3, cb=3, hw=20, k=32, ksz=7, stride=2), "7x7 stride 2 stem, 3 channels"),
+    (dict(c=16, hw=12, k=32, stride=2), "3x3 stride 2, one input block"),
 ]
 
 
