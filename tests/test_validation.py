@@ -710,6 +710,10 @@ def test_layouts_reject():
                        ValueError, "cb")
     assert_clear_error(lambda: layouts.pack_weight(np.ones((8, 8, 3, 3), "float32"), 3, 4),
                        ValueError, "cb")
+    assert_clear_error(lambda: layouts.pack_weight_row_pairs(np.ones((8, 3, 7), "float32"), 8),
+                       ValueError, "w")
+    assert_clear_error(lambda: layouts.unpack_weight_row_pairs(
+        np.ones((1, 7, 11, 16, 2), "float32"), 3, 6), ValueError, "channels, kw")
 
 
 def test_conv2d_shift_act_nchwc_rejects():

@@ -35,8 +35,8 @@ from .targets import vector_lanes
 __all__ = [
     "ChannelBlocking", "channel_block", "nchw_to_nchwc", "nchwc_to_nchw", "pack_weight",
     "unpack_weight", "data_index_map", "weight_index_map", "pack_winograd_weight",
-    "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs", "winograd_matrices",
-    "winograd_weight_pairs", "TILES",
+    "unpack_winograd_weight", "pack_weight_pairs", "unpack_weight_pairs", "pack_weight_row_pairs",
+    "unpack_weight_row_pairs", "winograd_matrices", "winograd_weight_pairs", "TILES",
 ]
 
 #: Winograd output tiles m of F(m x m, 3 x 3) (:mod:`topi_bn.compute.conv2d_winograd_nchwc`).
@@ -225,6 +225,36 @@ def unpack_weight_pairs(w, cb: int | None = None) -> np.ndarray:
         raise ValueError(f"cb: {cb} channels do not make the {p} pairs of w")
     a = np.asarray(w).transpose(0, 1, 2, 3, 4, 6, 5).reshape(ko, co, kh, kw, 2 * p, kb)
     return unpack_weight(np.ascontiguousarray(a[:, :, :, :, :cb]))
+
+
+def pack_weight_row_pairs(w, kb: int) -> np.ndarray:
+    """OIHW (K, C, KH, KW) -> (K/kb, KH, ceil(KW*C/2), kb, 2): each kernel row's taps and
+    channels as one axis ``q = kx * C + c`` (the order of a row of NCHW[C]c data, all channels
+    one block), in pairs ``(2p, 2p + 1)`` interleaved per output channel; an odd ``KW * C``
+    gets a zero last weight. For convs of few input channels and a wide kernel (a 7x7 stem of
+    3 channels: 11 pairs per kernel row rather than 2 per tap,
+    :mod:`topi_bn.compute.conv2d_dpbf16_nchwc`). NumPy only; the dtype is kept."""
+    k, c, kh, kw = _check_ndim("w", w, 4, "OIHW")
+    _check_block("kb", kb, k, "output channels of w")
+    q = kw * c
+    rows = np.asarray(w).transpose(0, 2, 3, 1).reshape(k, kh, q)  # (K, KH, KW*C)
+    if q % 2:
+        rows = np.concatenate([rows, np.zeros_like(rows[:, :, :1])], axis=2)
+    pairs = rows.reshape(k // kb, kb, kh, (q + 1) // 2, 2).transpose(0, 2, 3, 1, 4)
+    return np.ascontiguousarray(pairs)
+
+
+def unpack_weight_row_pairs(w, channels: int, kw: int) -> np.ndarray:
+    """The inverse of :func:`pack_weight_row_pairs`: OIHW (K, C, KH, KW) of ``channels``
+    input channels and ``kw`` kernel columns."""
+    ko, kh, p, kb, two = _check_ndim("w", w, 5, "O[KH][KW*C/2][y]o2i")
+    ok = all(isinstance(v, int) and v >= 1 for v in (channels, kw))
+    if two != 2 or not ok or (kw * channels + 1) // 2 != p:
+        raise ValueError(f"channels, kw: {channels!r} channels and {kw!r} columns do not make "
+                         f"the {p} pairs of w (shape {np.shape(w)})")
+    rows = np.asarray(w).transpose(0, 3, 1, 2, 4).reshape(ko * kb, kh, 2 * p)
+    return np.ascontiguousarray(
+        rows[:, :, :kw * channels].reshape(ko * kb, kh, kw, channels).transpose(0, 3, 1, 2))
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,6 +18,15 @@ accumulation, BN scale and shift (or the folded shift), residual and activation 
 (bf16 by default). Groups 1 only (depthwise convs have one
 input channel per output: no pairs).
 
+**Row pairs**: where the data is one block of ``cb >= 2`` channels (a 3-channel image), the
+weight may instead be 5-D (K/kb, KH, ceil(KW*cb/2), kb, 2)
+(:func:`topi_bn.layouts.pack_weight_row_pairs`): a kernel row's taps and channels are one
+reduction axis ``q = kx * cb + c``, in pairs. The padded data is then read as rows of
+``W * cb`` elements (a padding stage writes it so, plus a zero element where ``KW * cb`` is
+odd), and an output position's ``q`` are contiguous in that row, ``stride * cb`` elements after
+the previous position's: a 7x7 stem of 3 channels reduces 11 pairs per kernel row instead of
+2 per tap, which an AMX tile takes whole (:mod:`topi_bn.schedules.cpu_conv_dpbf16`).
+
 The compute is plain TE (the reduction over ``rco, ry, rx, rp, rt``), so it runs anywhere; the
 x86 schedule (:mod:`topi_bn.schedules.cpu_conv_dpbf16`) replaces its inner product by a
 ``vdpbf16ps`` micro-kernel on targets with AVX512_BF16 and by the same arithmetic in float32
@@ -57,7 +66,9 @@ def conv2d_bn_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Ten
     data : te.Tensor
         5-D (N, C/cb, H, W, cb), bfloat16 (``cb`` odd: the pairs' padding is added here).
     weight : te.Tensor
-        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i).
+        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i), or with
+        one data block of ``cb >= 2`` channels 5-D row pairs (K/kb, KH, ceil(KW*cb/2), kb, 2)
+        (module docstring).
     gamma, beta, mean, var, bias, residual, strides, padding, dilation, eps, activation,
     out_dtype
         As in :func:`topi_bn.compute.conv2d_bn_act_nchwc` (groups 1; BN parameters float32 or
@@ -103,20 +114,38 @@ class _Unpaired:
         cb = cb if isinstance(cb, int) and (cb + 1) // 2 == p else 2 * p
         self.shape, self.dtype = (ko, co, kh, kw, cb, kb), dtype
 
+    @classmethod
+    def of_row_pairs(cls, shape, dtype, data) -> _Unpaired:
+        """The view of row pairs (K/kb, KH, ceil(KW*cb/2), kb, 2) on ``data``, one block of
+        ``cb >= 2`` channels (so ``KW = 2 * pairs // cb``)."""
+        ko, kh, p, kb, _ = shape
+        cb, blocks = _int(data.shape[-1]), _int(data.shape[1])
+        if blocks != 1 or cb is None or cb < 2 or not isinstance(p, int):
+            raise ValueError(f"weight: row pairs (5-D) take data of one block of at least 2 "
+                             f"channels, got data shape {tuple(data.shape)}")
+        return cls((ko, 1, kh, 2 * p // cb, (cb + 1) // 2, kb, 2), dtype, cb)
+
 
 def _check(data, weight, strides, padding, dilation, activation, out_dtype):
     for name, t in (("data", data), ("weight", weight)):
         if check_float(name, t) != "bfloat16":
             raise TypeError(f"{name}: the vdpbf16ps conv takes bfloat16, got {t.dtype}")
-    wshape = check_rank("weight", weight, 7, " (K/kb, C/cb, KH, KW, cb/2, kb, 2), the weight "
-                        "packed in input-channel pairs")
-    if wshape[-1] != 2:
+    rows = len(weight.shape) == 5
+    wshape = tuple(weight.shape) if rows else check_rank(
+        "weight", weight, 7, " (K/kb, C/cb, KH, KW, cb/2, kb, 2), the weight packed in "
+        "input-channel pairs (or 5-D row pairs)")
+    if _int(wshape[-1]) != 2:
         raise ValueError(f"weight: expected pairs of input channels in the last axis (2), got "
                          f"shape {wshape}")
-    view = _Unpaired(wshape, str(weight.dtype), _int(data.shape[-1]))
+    wshape = tuple(_int(d) if _int(d) is not None else d for d in wshape)
+    view = _Unpaired.of_row_pairs(wshape, str(weight.dtype), data) if rows else \
+        _Unpaired(wshape, str(weight.dtype), _int(data.shape[-1]))
     geo, _, act, out_dtype = check_conv_args(data, view, lambda: conv_geometry_nchwc(
         data, view, strides, padding, dilation, 1), activation,
         "bfloat16" if out_dtype is None else out_dtype)
+    if rows and tuple(geo.dilation) != (1, 1):
+        raise ValueError(f"dilation: row pairs (a 5-D weight) take dilation 1, got "
+                         f"{tuple(geo.dilation)}")
     return geo, act, out_dtype
 
 
@@ -129,6 +158,8 @@ def _int(x):
 
 def _conv(data, weight, geo, scale, shift, residual, act: str, out_dtype: str) -> te.Tensor:
     attrs = {"schedule_rule": RULE}
+    if len(weight.shape) == 5:
+        return _conv_row_pairs(data, weight, geo, scale, shift, residual, act, out_dtype, attrs)
     cb = geo.in_block
     cb2 = cb + cb % 2  # an odd block gets a zero channel: its last pair is (x, 0)
     pt, pl, pb, pr = geo.pad
@@ -161,4 +192,37 @@ def _conv(data, weight, geo, scale, shift, residual, act: str, out_dtype: str) -
     # the schedule's micro-kernel steps over the input by the stride along W
     conv = te.compute(geo.out_shape, conv_fn, name="conv",
                       attrs={**attrs, "topi_bn.stride_w": int(sw)})
+    return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)
+
+
+def _conv_row_pairs(data, weight, geo, scale, shift, residual, act, out_dtype, attrs):
+    """The row-pair form (module docstring): the padded data as rows of ``(W + pads) * cb``
+    elements (plus one zero where a kernel row's ``KW * cb`` is odd), reduced over the kernel
+    rows and a row's pairs."""
+    cb = geo.in_block
+    pt, pl, _, pr = geo.pad
+    sh, sw = geo.strides
+    pairs = int(weight.shape[2])
+    width = (geo.in_w + pl + pr) * cb + 2 * pairs - geo.kw * cb
+    zero = tvm.tirx.const(0, "bfloat16")
+
+    def pad_fn(n, y, j):
+        inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, j >= pl * cb, j < (pl + geo.in_w) * cb)
+        x = tvm.tirx.max(tvm.tirx.min(j // cb - pl, geo.in_w - 1), 0)
+        return tvm.tirx.if_then_else(inside, data[n, 0, y - pt, x, j % cb], zero)
+
+    rows = te.compute((geo.batch, geo.in_h + pt + geo.pad[2], width), pad_fn, name="pad",
+                      attrs=attrs)
+    ry = te.reduce_axis((0, geo.kh), name="ry")
+    rp = te.reduce_axis((0, pairs), name="rp")
+    rt = te.reduce_axis((0, 2), name="rt")
+
+    def conv_fn(n, ko, oy, ox, ki):
+        x = rows[n, oy * sh + ry, ox * (sw * cb) + rp * 2 + rt]
+        return te.sum(_cast(x, "float32") * _cast(weight[ko, ry, rp, ki, rt], "float32"),
+                      axis=[ry, rp, rt])
+
+    # the micro-kernel steps over a row by stride * cb elements per output position
+    conv = te.compute(geo.out_shape, conv_fn, name="conv",
+                      attrs={**attrs, "topi_bn.stride_w": int(sw * cb)})
     return blocked_epilogue(conv, geo, scale, shift, residual, act, out_dtype, attrs)

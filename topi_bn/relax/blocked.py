@@ -22,7 +22,11 @@ function:
   least :data:`PAIR_WINOGRAD_MIN_SIDE`, Winograd with 2x2 tiles whose products are
   ``vdpbf16ps`` (the transformed weight rounded to bfloat16 once and paired,
   :func:`topi_bn.layouts.winograd_weight_pairs`), except on targets with AMX, where the pair
-  kernel's AMX tiles run it direct in less time (:func:`amx_tiles`);
+  kernel's AMX tiles run it direct in less time (:func:`amx_tiles`); on those targets a conv
+  of few input channels (a 3-channel stem) takes its weight in row pairs instead
+  (:func:`topi_bn.layouts.pack_weight_row_pairs`, where
+  :func:`~topi_bn.schedules.cpu_conv_dpbf16.row_pairs_apply`): a kernel row's taps and
+  channels as one reduction, one AMX tile row per output position;
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
   epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
@@ -57,6 +61,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
+from topi_bn.schedules.cpu_conv_dpbf16 import row_pairs_apply
 from topi_bn.schedules.cpu_conv_winograd import pair_tile_block, winograd_tile_block
 from ..compute import (
     conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
@@ -65,8 +70,8 @@ from ..compute import (
 from ..compute.conv2d_winograd_nchwc import DTYPES as WINOGRAD_DTYPES
 from ..dtypes import round_to_bfloat16
 from ..layouts import (
-    ChannelBlocking, data_index_map, pack_weight, pack_weight_pairs, pack_winograd_weight,
-    weight_index_map, winograd_weight_pairs,
+    ChannelBlocking, data_index_map, pack_weight, pack_weight_pairs, pack_weight_row_pairs,
+    pack_winograd_weight, weight_index_map, winograd_weight_pairs,
 )
 from ..targets import resolve_target, target_family
 from .registration import (
@@ -513,8 +518,13 @@ class _ToBlocked(relax.PyExprMutator):
             options.update(tile=tile, tile_block=tile_block)
         elif pairs:
             compute = DPBF16_COMPUTES[compute]
-            weight = relax.const(pack_weight_pairs(
-                t["weight"].value.numpy(), spec.in_block, spec.out_block), "bfloat16")
+            w = t["weight"].value.numpy()
+            # a conv of few channels (a stem) on AMX: a kernel row's taps and channels as one
+            # reduction in pairs
+            rows = amx_tiles(self.target) and row_pairs_apply(
+                w.shape, spec.in_block, options.get("dilation", 1))
+            weight = relax.const(pack_weight_row_pairs(w, spec.out_block) if rows else
+                                 pack_weight_pairs(w, spec.in_block, spec.out_block), "bfloat16")
             options.pop("groups", None)
         else:
             weight = self._pack(t["weight"], spec)
