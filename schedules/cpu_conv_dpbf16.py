@@ -73,6 +73,7 @@ __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf
            "native_dpbf16", "amx_dpbf16", "amx_kernel_ir", "amx_kernel_name", "amx_intrinsic",
            "amx_intrin_name", "amx_tile", "AMX_INTRIN_PREFIX", "AMX_MAX_BLOCKS", "AMX_MAX_ROWS",
            "amx_rows_intrinsic", "amx_rows_intrin_name", "row_pairs_apply", "AMX_MAX_PAIRS",
+           "product_description",
            "default_tile", "default_blocks", "rows_outer",
            "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK", "takes_conv"]
 
@@ -382,16 +383,55 @@ def intrinsic_applies_to(name: str, target: Target) -> bool:
     return intrinsic_runs_on(name, target)
 
 
+#: the axes of a micro-kernel call's description: its loops in this (the schedule's) order,
+#: its block's axes spatial first (output block, position, lane), then the reductions (input
+#: block, kernel row and column, pair, pair element) in the conv block's order
+_LOOP_ORDER, _SPATIAL, _REDUCE = "iyxbtkpr", "btk", "iyxpr"
+
+
+def product_description(x_shape, w_shape, c_shape, extents: dict[str, int], x_at, w_at, c_at):
+    """The description (a PrimFunc) of a micro-kernel call (``vdpbf16ps`` or AMX): ``C[c_at] +=
+    f32(X[x_at]) * f32(W[w_at])`` over the axes of ``extents`` (names from
+    :data:`_LOOP_ORDER`; an axis left out is 0 in the index functions, which take a dict of
+    the axes). Callers leave out axes of one iteration: a loop of extent 1 in a description
+    does not match the schedule's unit loop (tensorize: "The stmt For doesn't match the tensor
+    intrin")."""
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as B
+
+    loops = [a for a in _LOOP_ORDER if a in extents]
+    block_axes = [a for a in _SPATIAL + _REDUCE if a in extents]
+    with IRBuilder() as ib:
+        with B.prim_func(s_tir=True):
+            B.func_name("desc")
+            x, w, c = (B.arg(n, B.handle()) for n in ("x", "w", "c"))
+            X = B.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
+            W = B.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
+            C = B.match_buffer(c, c_shape, "float32", offset_factor=1)
+            with B.sblock("root"):
+                full = [buf[tuple(slice(0, n) for n in shape)]
+                        for buf, shape in ((C, c_shape), (X, x_shape), (W, w_shape))]
+                B.reads(*full)
+                B.writes(full[0])
+                with B.grid(*(extents[a] for a in loops)) as loop_vars:
+                    at = dict(zip(loops, loop_vars))
+                    with B.sblock("update"):
+                        kinds = "".join("S" if a in _SPATIAL else "R" for a in block_axes)
+                        v = dict.fromkeys(_LOOP_ORDER, 0)
+                        v.update(zip(block_axes, B.axis.remap(kinds, [at[a] for a in block_axes])))
+                        B.buffer_store(C, C[c_at(v)] + B.Cast("float32", X[x_at(v)])
+                                       * B.Cast("float32", W[w_at(v)]), list(c_at(v)))
+    return ib.get()
+
+
 def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
                    lanes: int = LANES) -> str:
     """The name of the tensor intrinsic (registered on first use) of one micro-kernel call:
     ``C[b, t, k] += f32(X[t * stride, 2p + r]) * f32(W[b, p, k, r])`` over ``b < blocks, t <
     tile, k < lanes, p < cb / 2, r < 2``. Its buffers are the regions a call covers, unit
     dimensions included where a dimension of extent ``blocks`` precedes them (the weight's 7-D
-    block and the output's block axis). One description per loop structure: a loop of extent 1
-    in the description does not match the schedule's unit loop (tensorize: "The stmt For
-    doesn't match the tensor intrin"). The Winograd conv's pair products
-    (:mod:`.cpu_conv_winograd`) call the one-block form."""
+    block and the output's block axis; :func:`product_description`). The Winograd conv's pair
+    products (:mod:`.cpu_conv_winograd`) call the one-block form."""
     name = intrin_name(tile, stride, cb, native, blocks, lanes)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
@@ -405,54 +445,15 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
 
     c_full = tuple(slice(0, n) for n in c_shape)
     w_full = tuple(slice(0, n) for n in w_shape)
-
-    if blocks == 1 and tile == 1:  # one position: no unit loop over positions
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, (1, cb), "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, (1, lanes), "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:1, 0:lanes], X[0:1, 0:cb], W[0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:1, 0:lanes])
-                for k, p, r in T.grid(lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vk, vp, vr = T.axis.remap("SRR", [k, p, r])
-                        C[0, vk] = C[0, vk] + T.Cast("float32", X[0, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vp, vk, vr])
-    elif blocks == 1:
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:tile, 0:lanes], X[0:xw, 0:cb], W[0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:tile, 0:lanes])
-                for t, k, p, r in T.grid(tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vt, vk, vp, vr = T.axis.remap("SSRR", [t, k, p, r])
-                        C[vt, vk] = C[vt, vk] + T.Cast("float32", X[vt * stride, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vp, vk, vr])
-    else:
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:xw, 0:cb],
-                        W[0:blocks, 0:1, 0:1, 0:1, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
-                for b, t, k, p, r in T.grid(blocks, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vb, vt, vk, vp, vr = T.axis.remap("SSSRR", [b, t, k, p, r])
-                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
-                            + T.Cast("float32", X[vt * stride, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vb, 0, 0, 0, vp, vk, vr])
+    # one position and one block: no unit loop over positions
+    positions = {"t": tile} if tile > 1 or blocks > 1 else {}
+    desc = product_description(
+        (xw, cb), w_shape, c_shape,
+        {**({"b": blocks} if blocks > 1 else {}), **positions, "k": lanes, "p": pairs, "r": 2},
+        lambda v: (v["t"] * stride, v["p"] * 2 + v["r"]),
+        lambda v: (v["b"], 0, 0, 0, v["p"], v["k"], v["r"]) if blocks > 1 else
+        (v["p"], v["k"], v["r"]),
+        lambda v: (v["b"], 0, v["t"], v["k"]) if blocks > 1 else (v["t"], v["k"]))
 
     w_strides = [T.int32() for _ in w_shape[:-3]] + [lanes * 2, 2, 1]
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
@@ -499,15 +500,12 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
                   chunks: int = 1, taps: tuple[int, int] = (1, 1)) -> str:
     """The name of the tensor intrinsic (registered on first use) of one AMX micro-kernel call
     (:func:`amx_kernel_ir`): :func:`pair_intrinsic`'s product summed over ``chunks`` input
-    blocks, ``C[b, t, k] += f32(X[i, t * stride, 2p + r]) * f32(W[b, i, p, k, r])`` (with one
-    input block, :func:`pair_intrinsic`'s description). Its buffers keep the unit dimensions
-    between the input-block axis and the positions (the input's row, the weight's kernel
-    row and column); its block's axes are in the conv block's order (spatial, then the input
-    blocks), its loops in the schedule's (the input blocks outermost). ``taps`` ``(kh, kw)``
-    (both above 1, dilation 1): the call also sums the kernel's taps, ``X[i, y, t * stride +
-    x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator tiles are loaded and stored once
-    per output tile (with one input block the description has no loop over it: a loop of one
-    iteration would not match the schedule's, which tensorize drops)."""
+    blocks, ``C[b, t, k] += f32(X[i, t * stride, 2p + r]) * f32(W[b, i, p, k, r])``
+    (:func:`product_description`). Its buffers keep the unit dimensions between the input-block
+    axis and the positions (the input's row, the weight's kernel row and column). ``taps``
+    ``(kh, kw)`` (both above 1, dilation 1): the call also sums the kernel's taps, ``X[i, y, t
+    * stride + x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator tiles are loaded and
+    stored once per output tile."""
     name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks, taps)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
@@ -517,129 +515,20 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
                          f"only, got {taps}")
     pairs, xw = cb // 2, (tile - 1) * stride + kw
     ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
-    if taps != (1, 1) and chunks == 1 and blocks == 1:
-        x_shape, w_shape, c_shape = (1, kh, xw, cb), (1, kh, kw, pairs, lanes, 2), (tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:tile, 0:lanes], X[0:1, 0:kh, 0:xw, 0:cb],
-                        W[0:1, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:tile, 0:lanes])
-                for y, x_, t, k, p, r in T.grid(kh, kw, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vt, vk, vy, vx, vp, vr = T.axis.remap("SSRRRR", [t, k, y, x_, p, r])
-                        C[vt, vk] = C[vt, vk] \
-                            + T.Cast("float32", X[0, vy, vt * stride + vx, vp * 2 + vr]) \
-                            * T.Cast("float32", W[0, vy, vx, vp, vk, vr])
-    elif taps != (1, 1) and chunks == 1:
-        x_shape, w_shape, c_shape = (1, kh, xw, cb), (blocks, 1, kh, kw, pairs, lanes, 2), \
-            (blocks, 1, tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:1, 0:kh, 0:xw, 0:cb],
-                        W[0:blocks, 0:1, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
-                for y, x_, b, t, k, p, r in T.grid(kh, kw, blocks, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vb, vt, vk, vy, vx, vp, vr = T.axis.remap(
-                            "SSSRRRR", [b, t, k, y, x_, p, r])
-                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
-                            + T.Cast("float32", X[0, vy, vt * stride + vx, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vb, 0, vy, vx, vp, vk, vr])
-    elif taps != (1, 1) and blocks == 1:
-        x_shape, w_shape, c_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2), \
-            (tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:tile, 0:lanes], X[0:chunks, 0:kh, 0:xw, 0:cb],
-                        W[0:chunks, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:tile, 0:lanes])
-                for i, y, x_, t, k, p, r in T.grid(chunks, kh, kw, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vt, vk, vi, vy, vx, vp, vr = T.axis.remap(
-                            "SSRRRRR", [t, k, i, y, x_, p, r])
-                        C[vt, vk] = C[vt, vk] \
-                            + T.Cast("float32", X[vi, vy, vt * stride + vx, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vi, vy, vx, vp, vk, vr])
-    elif taps != (1, 1):
-        x_shape, w_shape, c_shape = (chunks, kh, xw, cb), \
-            (blocks, chunks, kh, kw, pairs, lanes, 2), (blocks, 1, tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:chunks, 0:kh, 0:xw, 0:cb],
-                        W[0:blocks, 0:chunks, 0:kh, 0:kw, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
-                for i, y, x_, b, t, k, p, r in T.grid(chunks, kh, kw, blocks, tile, lanes,
-                                                      pairs, 2):
-                    with T.sblock("update"):
-                        vb, vt, vk, vi, vy, vx, vp, vr = T.axis.remap(
-                            "SSSRRRRR", [b, t, k, i, y, x_, p, r])
-                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
-                            + T.Cast("float32", X[vi, vy, vt * stride + vx, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vb, vi, vy, vx, vp, vk, vr])
-    elif chunks == 1:
-        desc = tvm.s_tir.TensorIntrin.get(pair_intrinsic(tile, stride, cb, False, blocks,
-                                                         lanes)).desc
-        x_shape, w_shape = (xw, cb), (pairs, lanes, 2) if blocks == 1 else \
-            (blocks, 1, 1, 1, pairs, lanes, 2)
-        c_shape = (tile, lanes) if blocks == 1 else (blocks, 1, tile, lanes)
-    elif blocks == 1:
-        x_shape, w_shape, c_shape = (chunks, 1, xw, cb), (chunks, 1, 1, pairs, lanes, 2), \
-            (tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:tile, 0:lanes], X[0:chunks, 0:1, 0:xw, 0:cb],
-                        W[0:chunks, 0:1, 0:1, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:tile, 0:lanes])
-                for i, t, k, p, r in T.grid(chunks, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vt, vk, vi, vp, vr = T.axis.remap("SSRRR", [t, k, i, p, r])
-                        C[vt, vk] = C[vt, vk] \
-                            + T.Cast("float32", X[vi, 0, vt * stride, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vi, 0, 0, vp, vk, vr])
-    else:
-        x_shape, w_shape, c_shape = (chunks, 1, xw, cb), \
-            (blocks, chunks, 1, 1, pairs, lanes, 2), (blocks, 1, tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:chunks, 0:1, 0:xw, 0:cb],
-                        W[0:blocks, 0:chunks, 0:1, 0:1, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
-                for i, b, t, k, p, r in T.grid(chunks, blocks, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vb, vt, vk, vi, vp, vr = T.axis.remap("SSSRRR", [b, t, k, i, p, r])
-                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
-                            + T.Cast("float32", X[vi, 0, vt * stride, vp * 2 + vr]) \
-                            * T.Cast("float32", W[vb, vi, 0, 0, vp, vk, vr])
+    x_shape, w_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2)
+    c_shape = (tile, lanes)
+    if blocks > 1:
+        w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
+    # the axes the call sums or spans (input blocks, kernel rows and columns, output blocks:
+    # where there are several)
+    axes = {"i": chunks, "y": kh, "x": kw, "b": blocks}
+    desc = product_description(
+        x_shape, w_shape, c_shape,
+        {**{a: n for a, n in axes.items() if n > 1}, "t": tile, "k": lanes, "p": pairs, "r": 2},
+        lambda v: (v["i"], v["y"], v["t"] * stride + v["x"], v["p"] * 2 + v["r"]),
+        lambda v: (*((v["b"],) if blocks > 1 else ()), v["i"], v["y"], v["x"], v["p"], v["k"],
+                   v["r"]),
+        lambda v: (v["b"], 0, v["t"], v["k"]) if blocks > 1 else (v["t"], v["k"]))
 
     x_strides = [T.int32() for _ in x_shape[:-2]] + [T.int32(), 1]
     w_strides = [T.int32() for _ in w_shape[:-3]] + [lanes * 2, 2, 1]
@@ -707,42 +596,16 @@ def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 
         return name
     xw = (tile - 1) * step + 2 * pairs
     ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
-    x_shape = (kh, xw)
-    if blocks == 1:
-        w_shape, c_shape = (kh, pairs, lanes, 2), (tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:tile, 0:lanes], X[0:kh, 0:xw], W[0:kh, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:tile, 0:lanes])
-                for y, t, k, p, r in T.grid(kh, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vt, vk, vy, vp, vr = T.axis.remap("SSRRR", [t, k, y, p, r])
-                        C[vt, vk] = C[vt, vk] \
-                            + T.Cast("float32", X[vy, vt * step + vp * 2 + vr]) \
-                            * T.Cast("float32", W[vy, vp, vk, vr])
-    else:
-        w_shape, c_shape = (blocks, kh, pairs, lanes, 2), (blocks, 1, tile, lanes)
-
-        @T.prim_func(s_tir=True)
-        def desc(x: T.handle, w: T.handle, c: T.handle) -> None:
-            X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1)
-            W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1)
-            C = T.match_buffer(c, c_shape, "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:blocks, 0:1, 0:tile, 0:lanes], X[0:kh, 0:xw],
-                        W[0:blocks, 0:kh, 0:pairs, 0:lanes, 0:2])
-                T.writes(C[0:blocks, 0:1, 0:tile, 0:lanes])
-                for y, b, t, k, p, r in T.grid(kh, blocks, tile, lanes, pairs, 2):
-                    with T.sblock("update"):
-                        vb, vt, vk, vy, vp, vr = T.axis.remap("SSSRRR", [b, t, k, y, p, r])
-                        C[vb, 0, vt, vk] = C[vb, 0, vt, vk] \
-                            + T.Cast("float32", X[vy, vt * step + vp * 2 + vr]) \
-                            * T.Cast("float32", W[vb, vy, vp, vk, vr])
+    x_shape, w_shape, c_shape = (kh, xw), (kh, pairs, lanes, 2), (tile, lanes)
+    if blocks > 1:
+        w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
+    desc = product_description(
+        x_shape, w_shape, c_shape,
+        {"y": kh, **({"b": blocks} if blocks > 1 else {}), "t": tile, "k": lanes, "p": pairs,
+         "r": 2},
+        lambda v: (v["y"], v["t"] * step + v["p"] * 2 + v["r"]),
+        lambda v: (*((v["b"],) if blocks > 1 else ()), v["y"], v["p"], v["k"], v["r"]),
+        lambda v: (v["b"], 0, v["t"], v["k"]) if blocks > 1 else (v["t"], v["k"]))
 
     w_strides = [T.int32() for _ in w_shape[:-3]] + [lanes * 2, 2, 1]
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
