@@ -17,7 +17,8 @@ from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
-    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_dpbf16, amx_intrinsic, amx_kernel_ir,
+    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_default_blocks, amx_dpbf16, amx_intrinsic,
+    amx_kernel_ir,
     intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
@@ -100,6 +101,10 @@ def test_amx_tiles_and_candidates():
     assert not zen.amx and zen.tile == 14
     cands = pair_tile_candidates(56, 6, 1 << 16, p)
     assert cands[0] == PairTile(14, 2, True, True)
+    # 2 output blocks per tile where they divide; else 3 where more than 3 blocks (MobileNetV2's
+    # 144 channels: 9 blocks); else 1
+    assert [amx_default_blocks(k) for k in (4, 6, 9, 3, 5, 15)] == [2, 2, 3, 1, 1, 3]
+    assert pair_tile_candidates(56, 9, 1 << 16, p)[0].blocks == 3
     assert all(c.amx and c.tile <= AMX_MAX_ROWS and c.blocks <= AMX_MAX_BLOCKS for c in cands)
     assert {c.blocks for c in cands} == {1, 2, 3} and {c.tile for c in cands} == {4, 7, 8, 14}
 
