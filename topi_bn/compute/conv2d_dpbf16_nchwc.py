@@ -200,7 +200,7 @@ def _conv_row_pairs(data, weight, geo, scale, shift, residual, act, out_dtype, a
     elements (plus one zero where a kernel row's ``KW * cb`` is odd), reduced over the kernel
     rows and a row's pairs."""
     cb = geo.in_block
-    pt, pl, _, pr = geo.pad
+    pt, pl, pb, pr = geo.pad
     sh, sw = geo.strides
     pairs = int(weight.shape[2])
     width = (geo.in_w + pl + pr) * cb + 2 * pairs - geo.kw * cb
@@ -211,8 +211,7 @@ def _conv_row_pairs(data, weight, geo, scale, shift, residual, act, out_dtype, a
         x = tvm.tirx.max(tvm.tirx.min(j // cb - pl, geo.in_w - 1), 0)
         return tvm.tirx.if_then_else(inside, data[n, 0, y - pt, x, j % cb], zero)
 
-    rows = te.compute((geo.batch, geo.in_h + pt + geo.pad[2], width), pad_fn, name="pad",
-                      attrs=attrs)
+    rows = te.compute((geo.batch, geo.in_h + pt + pb, width), pad_fn, name="pad", attrs=attrs)
     ry = te.reduce_axis((0, geo.kh), name="ry")
     rp = te.reduce_axis((0, pairs), name="rp")
     rt = te.reduce_axis((0, 2), name="rt")
