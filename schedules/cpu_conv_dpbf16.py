@@ -628,8 +628,7 @@ def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 
                     T.tvm_access_ptr(T.type_annotation("uint16"), X.data, X.elem_offset,
                                      X.strides[0] * (kh - 1) + xw, 1),
                     T.tvm_access_ptr(T.type_annotation("uint16"), W.data, W.elem_offset,
-                                     W.strides[0] * (w_shape[0] - 1)
-                                     + W.strides[w_row] * (kh - 1) * w_row
+                                     W.strides[0] * (blocks - 1) + W.strides[w_row] * (kh - 1)
                                      + pairs * lanes * 2, 1),
                     step, pairs, T.Cast("int32", C.strides[-2]), T.Cast("int32", W.strides[0]),
                     T.Cast("int32", C.strides[0]), 1, 0, 0, kh, 1,

@@ -30,11 +30,6 @@ from topi_bn.testing import assert_close_to_range, bf16_conv_case, run_te
 BF16 = "bfloat16"
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
-
 def _target(mcpu):
     return topi_bn.resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
 
