@@ -18,8 +18,7 @@ from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
     AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_default_blocks, amx_dpbf16, amx_intrinsic,
-    amx_kernel_ir,
-    intrinsic_applies_to,
+    amx_kernel_ir, amx_pair_block, intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
 from topi_bn.schedules.helpers import cpu_params
@@ -38,14 +37,17 @@ def _spr():
 
 
 def _problem(rng, c=32, hw=10, k=32, ksz=3, stride=1, folded=False, residual=True, kb=16,
-             cb=16):
+             cb=16, wide=None):
+    """A bf16 conv on data in blocks of ``cb``, its weight in pairs of blocks of ``wide``
+    channels (default ``cb``; a multiple: wide pairs, the conv gathers the data blocks)."""
     x = np.asarray(round_to_bfloat16(rng.standard_normal((1, c, hw, hw))), np.float64)
     w = np.asarray(round_to_bfloat16(rng.standard_normal((k, c, ksz, ksz))
                                      / np.sqrt(c * ksz * ksz)), np.float64)
     pad = ksz // 2
     oh = (hw + 2 * pad - ksz) // stride + 1
     opts = {"strides": stride, "padding": pad}
-    arrays, expect = bf16_conv_case(rng, x, w, L.pack_weight_pairs(w, cb, kb), cb=cb, kb=kb,
+    arrays, expect = bf16_conv_case(rng, x, w, L.pack_weight_pairs(w, wide or cb, kb), cb=cb,
+                                    kb=kb,
                                     out_hw=(oh, oh), folded=folded, residual=residual, **opts)
     ph = {n: te.placeholder(a.shape, str(a.dtype), name=n) for n, a in arrays.items()}
     compute = conv2d_shift_act_dpbf16_nchwc if "shift" in ph else conv2d_bn_act_dpbf16_nchwc
@@ -109,6 +111,69 @@ def test_amx_tiles_and_candidates():
     assert {c.blocks for c in cands} == {1, 2, 3} and {c.tile for c in cands} == {4, 7, 8, 14}
 
 
+def test_which_convs_take_wide_pairs():
+    """On AMX targets a pair conv's weight holds up to 32 channels (a tile row) of whole data
+    blocks that divide its channels; a conv without a padding stage of its own (1x1, no
+    padding) gathers its data blocks only where it has at least 4x as many output channels
+    as input ones."""
+    assert amx_pair_block((64, 64, 3, 3), 16, True) == 32
+    assert amx_pair_block((64, 128, 3, 3), 16, True) == 32
+    assert amx_pair_block((64, 48, 3, 3), 16, True) == 16  # 32 does not divide 48
+    assert amx_pair_block((64, 16, 3, 3), 16, True) == 16  # one block
+    assert amx_pair_block((144, 24, 1, 1), 8, False) == 24  # MobileNetV2: 3 blocks of 8
+    assert amx_pair_block((256, 64, 1, 1), 16, False) == 32  # a 4x expansion
+    assert amx_pair_block((64, 256, 1, 1), 16, False) == 16  # a 1x1 reduction
+    assert amx_pair_block((192, 64, 1, 1), 16, False) == 16  # 3x
+    assert amx_pair_block((64, 256, 1, 1), 16, True) == 32  # padded anyway
+    assert amx_pair_block((64, 64, 3, 3), 8, True) == 32  # 4 blocks of 8
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2"])
+@pytest.mark.parametrize("case", [
+    dict(c=64, hw=9, k=32, wide=32),
+    dict(c=64, hw=8, k=32, ksz=1, wide=32, folded=True),
+    dict(c=24, cb=8, hw=9, k=32, ksz=3, stride=2, wide=24),
+], ids=["3x3_32", "1x1_32_folded", "3x3_stride2_24"])
+def test_wide_pairs_match_float64(rng, case, schedule, require):
+    """Wide pairs (the conv gathers its data blocks) within bf16's range tolerance of the
+    float64 conv, unscheduled and with the portable schedule (any x86 host); the data blocks
+    gathered in the wrong order are caught."""
+    if schedule:
+        require("avx2")
+    target = "x86-avx2" if schedule else "llvm"
+    ph, out, arrays, expect = _problem(rng, **case)
+    (got,) = run_te(ph, out, list(arrays.values()), target=target, schedule=schedule)
+    assert_close_to_range(got, expect, BF16)
+    # the weight's halves of each wide block exchanged: its first data block's weights paired
+    # with the second's data
+    w = arrays["weight"]
+    half = w.shape[4] // 2
+    swapped = np.concatenate([w[:, :, :, :, half:], w[:, :, :, :, :half]], axis=4)
+    (bad,) = run_te(ph, out, list(dict(arrays, weight=swapped).values()), target=target,
+                    schedule=schedule)
+    with pytest.raises(AssertionError):
+        assert_close_to_range(bad, expect, BF16)
+
+
+def test_wide_pairs_checks():
+    """A weight's pairs hold the data's block or a multiple of it that divides its channels."""
+    bn = [te.placeholder((32,), "float32", name=n) for n in ("gamma", "beta", "mean", "var")]
+    data = te.placeholder((1, 3, 8, 8, 16), BF16, name="data")
+    w = te.placeholder((2, 1, 3, 3, 16, 16, 2), BF16, name="weight")
+    with pytest.raises(ValueError, match=r"^weight: its pairs \(dim 4\) hold 32 channels; "
+                                         r"expected 8 pairs \(the data's block of 16\) or a "
+                                         r"multiple of the data's block that divides its 48 "
+                                         r"channels$"):
+        conv2d_bn_act_dpbf16_nchwc(data, w, *bn, padding=1)
+    w = te.placeholder((2, 1, 3, 3, 12, 16, 2), BF16, name="weight")  # 24: not a multiple
+    with pytest.raises(ValueError, match=r"^weight: its pairs \(dim 4\) hold 24 channels"):
+        conv2d_bn_act_dpbf16_nchwc(te.placeholder((1, 3, 8, 8, 16), BF16, name="d"), w, *bn)
+    data = te.placeholder((1, 4, 8, 8, 16), BF16, name="data")
+    w = te.placeholder((2, 2, 3, 3, 16, 16, 2), BF16, name="weight")
+    assert [int(d) for d in conv2d_bn_act_dpbf16_nchwc(data, w, *bn, padding=1).shape] == \
+        [1, 2, 8, 8, 16]
+
+
 def test_which_records_apply():
     """A record tuned on a Zen 5 (a vdpbf16ps tile of 14 positions) does not replace the AMX
     tiles of a Sapphire Rapids build; a one-position vdpbf16ps tile (a 1x1 map) applies to
@@ -140,7 +205,10 @@ def _calls(mod) -> list[str]:
     (dict(c=16, hw=14, k=32), (3, 3)),                # one input block
     (dict(c=3, cb=3, hw=32, k=32, ksz=7, stride=2), (7, 7)),  # a ResNet stem: 3 channels
     (dict(c=64, hw=14, k=32, ksz=1), None),           # 1x1: no taps
-], ids=["3x3", "3x3_stride2", "3x3_one_input_block", "7x7_stem", "1x1"])
+    (dict(c=64, hw=14, k=32, wide=32), (3, 3)),       # wide pairs: 2 blocks of 32 channels
+    (dict(c=24, cb=8, hw=14, k=32, ksz=1, wide=24), None),  # 3 data blocks of 8 in one
+], ids=["3x3", "3x3_stride2", "3x3_one_input_block", "7x7_stem", "1x1", "3x3_wide",
+        "1x1_wide_24"])
 def test_one_call_sums_the_taps(rng, case, taps):
     """One micro-kernel call per output tile sums a conv's input blocks and taps (its
     accumulator tiles loaded and stored once): a ResNet stem's 49 taps of 3 channels were 49
@@ -152,8 +220,11 @@ def test_one_call_sums_the_taps(rng, case, taps):
     # the trailing arguments: input blocks, their strides, then the kernel's rows and columns
     cast = r'T\.Cast\("int32", [^)]*\)'
     (args,) = re.findall(rf", (\d+), {cast}, {cast}, (\d+), (\d+), ", call)
-    chunks = -(-case["c"] // case.get("cb", 16))
+    block = case.get("wide") or case.get("cb", 16)
+    chunks = -(-case["c"] // block)
     assert args == (str(chunks), *(str(t) for t in taps or (1, 1))), call
+    # the reduction per tdpbf16ps: the pairs of a block (the argument after the input step)
+    assert re.search(rf"{cast}, {(block + 1) // 2}, {cast}", call), call
 
 
 CASES = [
@@ -166,6 +237,9 @@ CASES = [
     (dict(c=32, hw=10, k=32, folded=True), "folded"),
     (dict(c=3, cb=3, hw=20, k=32, ksz=7, stride=2), "7x7 stride 2 stem, 3 channels"),
     (dict(c=16, hw=12, k=32, stride=2), "3x3 stride 2, one input block"),
+    (dict(c=64, hw=14, k=32, wide=32), "3x3, wide pairs of 32 channels"),
+    (dict(c=64, hw=14, k=32, ksz=1, wide=32), "1x1, wide pairs of 32 channels"),
+    (dict(c=24, cb=8, hw=14, k=48, ksz=1, wide=24, folded=True), "1x1 folded, 24 channels"),
 ]
 
 

@@ -3,7 +3,8 @@ row's taps and channels as one reduction axis in pairs, the weight 5-D
 (:func:`topi_bn.layouts.pack_weight_row_pairs`), on AMX one tile row per output position: the
 packing, the compute's numerics against float64 (portable schedule on any x86 host, AMX on AMX
 hosts only), its checks, where the graph pass chooses it (read from the target, never the
-host) and the code it compiles to for Sapphire Rapids (compiled, read on any host)."""
+host) and the code it compiles to for Sapphire Rapids (compiled, read on any host); beside
+them, the wide pairs the graph pass gives other pair convs on AMX targets."""
 from __future__ import annotations
 
 import re
@@ -164,9 +165,9 @@ def test_matches_float64_on_amx_hosts(rng, case):
         assert_close_to_range(bad, expect, BF16)
 
 
-def _stem_weights(mcpu) -> list[tuple]:
-    """The shapes of the 3-channel stem conv's packed weight in a bf16 build's blocked graph
-    for ``mcpu``."""
+def _pair_weights(mcpu) -> list[tuple]:
+    """The shapes of the pair convs' packed weights in a bf16 ResNet-18's (a quarter wide)
+    blocked graph for ``mcpu``."""
     from topi_bn.relax.bfloat16 import to_bfloat16
     from topi_bn.relax.blocked import to_blocked_layout
     from topi_bn.testing.models import randomize_bn, resnet18
@@ -195,6 +196,16 @@ def _stem_weights(mcpu) -> list[tuple]:
 def test_graph_pass_uses_row_pairs_on_amx_targets(mcpu, rows):
     """The stem of a bf16 ResNet-18 runs on row pairs for an AMX target (a 5-D weight: 7
     kernel rows of 11 pairs), on the per-tap pairs elsewhere (7-D)."""
-    shapes = _stem_weights(mcpu)
+    shapes = _pair_weights(mcpu)
     stem = [s for s in shapes if s[-4:-2] == ((7, 11) if rows else (7, 2))]
     assert stem == [(1, 7, 11, 16, 2) if rows else (1, 1, 7, 7, 2, 16, 2)], shapes
+
+
+def test_graph_pass_uses_wide_pairs_on_amx_targets():
+    """For an AMX target the 3x3 convs of 32 or more channels take wide pairs (one block of
+    32 channels, 16 pairs, gathered from two 16-channel data blocks), a 1x1 downsample (2x
+    the channels, no padding) the data's block; elsewhere every conv the data's block."""
+    spr, zen = _pair_weights("sapphirerapids"), _pair_weights("znver5")
+    assert (4, 2, 3, 3, 16, 16, 2) in spr and (4, 4, 3, 3, 8, 16, 2) in zen
+    assert (4, 2, 1, 1, 8, 16, 2) in spr and (4, 2, 1, 1, 8, 16, 2) in zen
+    assert max(s[4] for s in zen) == 8

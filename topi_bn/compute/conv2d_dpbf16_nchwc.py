@@ -18,6 +18,12 @@ accumulation, BN scale and shift (or the folded shift), residual and activation 
 (bf16 by default). Groups 1 only (depthwise convs have one
 input channel per output: no pairs).
 
+**Wide pairs**: the weight's pairs may hold a multiple ``m cb`` of the data's block (7-D (K/kb,
+C/(m cb), KH, KW, m cb/2, kb, 2), ``m`` dividing the data's C/cb blocks): the padding stage then
+gathers ``m`` consecutive data blocks into one of ``m cb`` channels, so that one AMX
+``tdpbf16ps`` reduces up to 32 channels (a tile row) where a data block holds 16, or 24
+where it holds 8 (:func:`~topi_bn.schedules.cpu_conv_dpbf16.amx_pair_block`).
+
 **Row pairs**: where the data is one block of ``cb >= 2`` channels (a 3-channel image), the
 weight may instead be 5-D (K/kb, KH, ceil(KW*cb/2), kb, 2)
 (:func:`topi_bn.layouts.pack_weight_row_pairs`): a kernel row's taps and channels are one
@@ -43,7 +49,8 @@ from tvm import te
 from .conv2d_bn_relu import bn_epilogue_params, check_bn_params, check_conv_args
 from .conv2d_nchwc import blocked_epilogue, check_residual
 from ..checks import (
-    cast as _cast, check_eps, check_float, check_rank, check_te_tensors, conv_geometry_nchwc,
+    ShapeOnly, cast as _cast, check_eps, check_float, check_rank, check_te_tensors,
+    conv_geometry_nchwc, shape_of,
 )
 
 RULE = "topi_bn.conv2d_dpbf16_nchwc"
@@ -66,7 +73,8 @@ def conv2d_bn_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, gamma: te.Ten
     data : te.Tensor
         5-D (N, C/cb, H, W, cb), bfloat16 (``cb`` odd: the pairs' padding is added here).
     weight : te.Tensor
-        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i), or with
+        7-D (K/kb, C/cb, KH, KW, ceil(cb/2), kb, 2), bfloat16 (OIHW[cb/2]i[kb]o2i; or wide
+        pairs of a multiple of ``cb``, module docstring), or with
         one data block of ``cb >= 2`` channels 5-D row pairs (K/kb, KH, ceil(KW*cb/2), kb, 2)
         (module docstring).
     gamma, beta, mean, var, bias, residual, strides, padding, dilation, eps, activation,
@@ -107,7 +115,8 @@ def conv2d_shift_act_dpbf16_nchwc(data: te.Tensor, weight: te.Tensor, shift: te.
 class _Unpaired:
     """The 6-D blocked view (K/kb, C/cb, KH, KW, cb, kb) of a paired weight, for the geometry
     checks: ``cb`` is the data's block when the pairs hold it, the last one padded
-    (``ceil(cb / 2)`` pairs)."""
+    (``ceil(cb / 2)`` pairs), else twice the pairs (wide pairs, or a weight that the geometry
+    check rejects)."""
 
     def __init__(self, shape, dtype, cb):
         ko, co, kh, kw, p, kb, _ = shape
@@ -140,13 +149,29 @@ def _check(data, weight, strides, padding, dilation, activation, out_dtype):
     wshape = tuple(_int(d) if _int(d) is not None else d for d in wshape)
     view = _Unpaired.of_row_pairs(wshape, str(weight.dtype), data) if rows else \
         _Unpaired(wshape, str(weight.dtype), _int(data.shape[-1]))
+    data_view = data if rows else _gathered(data, view.shape[4])
     geo, _, act, out_dtype = check_conv_args(data, view, lambda: conv_geometry_nchwc(
-        data, view, strides, padding, dilation, 1), activation,
+        data_view, view, strides, padding, dilation, 1), activation,
         "bfloat16" if out_dtype is None else out_dtype)
     if rows and tuple(geo.dilation) != (1, 1):
         raise ValueError(f"dilation: row pairs (a 5-D weight) take dilation 1, got "
                          f"{tuple(geo.dilation)}")
     return geo, act, out_dtype
+
+
+def _gathered(data, block):
+    """The view of ``data`` in blocks of ``block`` channels, the weight's pairs' block: ``data``
+    itself where that is its block ``cb``, else (wide pairs, module docstring) a multiple of
+    ``cb`` whose ``block / cb`` consecutive data blocks the conv gathers."""
+    n, chunks, h, w, cb = shape_of(data)
+    cb, chunks = _int(cb), _int(chunks)
+    if cb is None or chunks is None or not isinstance(block, int) or block == cb:
+        return data
+    if block % cb or chunks % (block // cb):
+        raise ValueError(f"weight: its pairs (dim 4) hold {block} channels; expected "
+                         f"{(cb + 1) // 2} pairs (the data's block of {cb}) or a multiple of "
+                         f"the data's block that divides its {chunks * cb} channels")
+    return ShapeOnly((n, chunks // (block // cb), _int(h) or h, _int(w) or w, block))
 
 
 def _int(x):
@@ -160,19 +185,21 @@ def _conv(data, weight, geo, scale, shift, residual, act: str, out_dtype: str) -
     attrs = {"schedule_rule": RULE}
     if len(weight.shape) == 5:
         return _conv_row_pairs(data, weight, geo, scale, shift, residual, act, out_dtype, attrs)
-    cb = geo.in_block
+    cb = geo.in_block  # the pairs' block: the data's, or (wide pairs) a multiple of it
+    dcb = int(data.shape[-1])
     cb2 = cb + cb % 2  # an odd block gets a zero channel: its last pair is (x, 0)
     pt, pl, pb, pr = geo.pad
     sh, sw = geo.strides
     dh, dw = geo.dilation
-    if any(geo.pad) or cb2 != cb:
+    if any(geo.pad) or cb2 != cb or dcb != cb:
         zero = tvm.tirx.const(0, "bfloat16")
 
         def pad_fn(n, c, y, x, ci):
             inside = tvm.tirx.all(y >= pt, y < pt + geo.in_h, x >= pl, x < pl + geo.in_w,
                                   ci < cb)
-            return tvm.tirx.if_then_else(
-                inside, data[n, c, y - pt, x - pl, tvm.tirx.min(ci, cb - 1)], zero)
+            ch = tvm.tirx.min(ci, cb - 1) if cb2 != cb else ci
+            at = (c, ch) if dcb == cb else ((c * cb + ch) // dcb, (c * cb + ch) % dcb)
+            return tvm.tirx.if_then_else(inside, data[n, at[0], y - pt, x - pl, at[1]], zero)
 
         padded = te.compute((geo.batch, geo.in_channels // cb, geo.in_h + pt + pb,
                              geo.in_w + pl + pr, cb2), pad_fn, name="pad", attrs=attrs)

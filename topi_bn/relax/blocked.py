@@ -26,7 +26,9 @@ function:
   of few input channels (a 3-channel stem) takes its weight in row pairs instead
   (:func:`topi_bn.layouts.pack_weight_row_pairs`, where
   :func:`~topi_bn.schedules.cpu_conv_dpbf16.row_pairs_apply`): a kernel row's taps and
-  channels as one reduction, one AMX tile row per output position;
+  channels as one reduction, one AMX tile row per output position; other pair convs there
+  take wide pairs, up to 32 channels (several data blocks, gathered by the conv) per AMX
+  instruction (:func:`~topi_bn.schedules.cpu_conv_dpbf16.amx_pair_block`);
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
   epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
@@ -61,7 +63,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from topi_bn.schedules.cpu_conv_dpbf16 import row_pairs_apply
+from topi_bn.schedules.cpu_conv_dpbf16 import amx_pair_block, row_pairs_apply
 from topi_bn.schedules.cpu_conv_winograd import pair_tile_block, winograd_tile_block
 from ..compute import (
     conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
@@ -521,10 +523,14 @@ class _ToBlocked(relax.PyExprMutator):
             w = t["weight"].value.numpy()
             # a conv of few channels (a stem) on AMX: a kernel row's taps and channels as one
             # reduction in pairs
-            rows = amx_tiles(self.target) and row_pairs_apply(
-                w.shape, spec.in_block, options.get("dilation", 1))
+            amx = amx_tiles(self.target)
+            rows = amx and row_pairs_apply(w.shape, spec.in_block, options.get("dilation", 1))
+            # else on AMX up to a tile row's 32 channels per instruction: wide pairs, which the
+            # conv gathers from several data blocks
+            padded = spec.in_block % 2 == 1 or any(_as_pair(options.get("padding", 0), 4))
+            block = amx_pair_block(w.shape, spec.in_block, padded) if amx else spec.in_block
             weight = relax.const(pack_weight_row_pairs(w, spec.out_block) if rows else
-                                 pack_weight_pairs(w, spec.in_block, spec.out_block), "bfloat16")
+                                 pack_weight_pairs(w, block, spec.out_block), "bfloat16")
             options.pop("groups", None)
         else:
             weight = self._pack(t["weight"], spec)
