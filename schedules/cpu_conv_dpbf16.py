@@ -41,7 +41,9 @@ register tile is an AMX tile instead (:func:`amx_kernel_ir`, ``PairTile.amx``): 
 positions x 16 channels of float32 per accumulator tile, up to 3 output blocks sharing each
 input tile, and one call sums all the input-channel blocks and, where both kernel sides are
 above 1 (dilation 1), the kernel's taps, so an accumulator tile is loaded and stored once per
-output tile (else once per tap). With wide pairs (:func:`amx_pair_block`: the weight's block
+output tile (else once per tap), and start at 0 by ``tilezero`` (:func:`amx_zero_intrinsic`:
+a TIR init block's stores became a call of ``memset``, after which LLVM reloads the tile
+configuration). With wide pairs (:func:`amx_pair_block`: the weight's block
 of up to 32 channels, a tile row, gathered from several data blocks by the conv's padding
 stage, which runs one vector per data block) one ``tdpbf16ps`` reduces 32 channels rather
 than one 16-channel data block: ResNet-50 bf16 21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D weight: a 3-channel stem's
@@ -76,7 +78,7 @@ __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf
            "native_dpbf16", "amx_dpbf16", "amx_kernel_ir", "amx_kernel_name", "amx_intrinsic",
            "amx_intrin_name", "amx_tile", "AMX_INTRIN_PREFIX", "AMX_MAX_BLOCKS", "AMX_MAX_ROWS",
            "amx_rows_intrinsic", "amx_rows_intrin_name", "row_pairs_apply", "AMX_MAX_PAIRS",
-           "amx_pair_block",
+           "amx_pair_block", "amx_zero_kernel_ir", "amx_zero_intrinsic",
            "product_description", "amx_default_blocks",
            "default_tile", "default_blocks", "rows_outer",
            "MAX_TILE", "LANES", "LANE_WIDTHS", "MIN_IN_BLOCK", "takes_conv"]
@@ -238,11 +240,14 @@ def row_pairs_apply(weight_shape, in_block: int, dilation: Any = 1) -> bool:
         and (kw * c + 1) // 2 <= AMX_MAX_PAIRS
 
 
-#: fewest output channels per input channel of a conv without a padding stage of its own (a
-#: 1x1 conv) that takes wide pairs: its gathering pass over the input costs what it saves on
-#: ResNet-50's 1x1 reductions (256 -> 64 at 56x56 0.22 -> 0.26 ms, 1024 -> 256 at 14x14
-#: 0.18 -> 0.19) and pays on the expansions
-WIDE_MIN_EXPANSION = 4
+#: a conv without a padding stage of its own (a 1x1 conv) takes wide pairs where it has this
+#: many times as many output as input channels, or at least :data:`WIDE_MIN_OUTPUT` output
+#: channels: its gathering pass over the input costs what it saves on ResNet-50's 1x1
+#: reductions of fewer outputs (on the Xeon in turns, 256 -> 64 at 56x56 0.22 -> 0.26 ms,
+#: 512 -> 128 at 28x28 0.195 -> 0.211, 1024 -> 256 at 14x14 0.20 -> 0.19) and pays on the
+#: expansions and the wide ones (2048 -> 512 at 7x7 0.28 -> 0.22, 1024 -> 512 at 14x14 0.38
+#: -> 0.29, 1024 -> 2048 stride 2 0.72 -> 0.50, 512 -> 1024 stride 2 0.54 -> 0.36)
+WIDE_MIN_EXPANSION, WIDE_MIN_OUTPUT = 4, 512
 
 
 def amx_pair_block(weight_shape, in_block: int, padded: bool) -> int:
@@ -252,20 +257,108 @@ def amx_pair_block(weight_shape, in_block: int, padded: bool) -> int:
     (:data:`AMX_MAX_PAIRS` pairs), so one ``tdpbf16ps`` reduces 32 channels rather than one
     16-channel data block (MobileNetV2's 24-channel tensors, blocks of 8: 24). The conv
     gathers the data blocks in its padding stage: where it has none (``padded`` False) only
-    if it has :data:`WIDE_MIN_EXPANSION` times as many output as input channels. On the
+    if it has :data:`WIDE_MIN_EXPANSION` times as many output as input channels or
+    :data:`WIDE_MIN_OUTPUT` outputs. On the
     Xeon in turns, 16 -> 32 channels per instruction: ResNet-50's 3x3 64 at 56x56 0.44 ->
     0.36 ms, 128 -> 512 1x1 at 28x28 0.39 -> 0.35, 2048 -> 512 at 7x7 0.34 -> 0.29 (with data
     already in 32-channel blocks: 0.28 -> 0.19); MobileNetV2's 24 -> 144 at 56x56 (8 -> 24)
     0.235 -> 0.204, 160 -> 960 at 7x7 0.091 -> 0.073. Whole networks in turns: ResNet-50
     bf16 21.8 -> 18.9 ms (every conv gathering: 19.1), MobileNetV2 4.82 -> 4.65 (4.79)."""
     k, c = (int(d) for d in weight_shape[:2])
-    if not padded and k < WIDE_MIN_EXPANSION * c:
+    if not padded and k < WIDE_MIN_EXPANSION * c and k < WIDE_MIN_OUTPUT:
         return in_block
     best = in_block
     for m in range(2, 2 * AMX_MAX_PAIRS // in_block + 1):
         if c % (m * in_block) == 0:
             best = m * in_block
     return best
+
+
+def _ask_for_tiles(name: str) -> list[str]:
+    """The first lines of AMX micro-kernel ``name`` (LLVM IR, from its entry block to a block
+    ``tiles``): ask Linux for the tile data state unless the kernel's flag ``@<name>.asked``
+    (which the kernel's module defines) says it has."""
+    return [
+        "entry:",
+        f"  %asked = load i8, ptr @{name}.asked, align 1",
+        "  %known = icmp ne i8 %asked, 0",
+        "  br i1 %known, label %tiles, label %ask",
+        "ask:",
+        f"  %perm = call i64 (i64, ...) @syscall(i64 {_SYS_ARCH_PRCTL}, "
+        f"i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})",
+        f"  store i8 1, ptr @{name}.asked, align 1",
+        "  br label %tiles",
+        "tiles:",
+    ]
+
+
+def amx_zero_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
+    """LLVM IR of ``void tb_amx_zero_t<T>_b<B>_l<L>(ptr acc, i32 cstep, i32 bstep)``: the
+    ``blocks`` accumulator tiles of :func:`amx_kernel_ir`'s kernel set to 0 by ``tilezero``
+    and ``tilestored``. An AMX conv's accumulators start so rather than by the vector stores
+    of a TIR init block, which LLVM merges into a call of ``memset``: after any call LLVM
+    loads the tile configuration again (``ldtilecfg``), so each output tile paid one; now a
+    task does (on the Xeon, whole bf16 networks in turns: MobileNetV2 4.59 -> 4.19 ms,
+    ResNet-18 6.57 -> 6.34)."""
+    name, row = f"tb_amx_zero_t{tile}_b{blocks}_l{lanes}", lanes * 4
+    lines = [f"define internal void @{name}(ptr noalias %acc, i32 %cstep, i32 %bstep) "
+             "alwaysinline {", *_ask_for_tiles(name),
+             "  %cs = sext i32 %cstep to i64", "  %crow = mul i64 %cs, 4",
+             f"  %z = call x86_amx @llvm.x86.tilezero.internal(i16 {tile}, i16 {row})"]
+    for b in range(blocks):
+        lines += [f"  %bo{b} = mul i32 %bstep, {b}",
+                  f"  %ap{b} = getelementptr float, ptr %acc, i32 %bo{b}",
+                  f"  call void @llvm.x86.tilestored64.internal(i16 {tile}, i16 {row}, "
+                  f"ptr %ap{b}, i64 %crow, x86_amx %z)"]
+    lines += ["  ret void", "}", f"@{name}.asked = internal global i8 0",
+              "declare i64 @syscall(i64, ...)",
+              "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)",
+              "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)"]
+    return "\n".join(lines) + "\n"
+
+
+def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
+    """The name of the tensor intrinsic (registered on first use) that starts an AMX call's
+    accumulators (:func:`amx_zero_kernel_ir`): ``C[b, t, k] = 0`` over ``b < blocks, t <
+    tile, k < lanes`` (the buffer as :func:`amx_intrinsic`'s)."""
+    name = f"{AMX_INTRIN_PREFIX}zero_b{blocks}_t{tile}_l{lanes}"
+    if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as B
+
+    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    c_full = tuple(slice(0, n) for n in c_shape)
+    extents = ((blocks,) if blocks > 1 else ()) + (tile, lanes)
+    with IRBuilder() as ib:
+        with B.prim_func(s_tir=True):
+            B.func_name("desc")
+            C = B.match_buffer(B.arg("c", B.handle()), c_shape, "float32", offset_factor=1)
+            with B.sblock("root"):
+                B.reads()
+                B.writes(C[c_full])
+                with B.grid(*extents) as loop_vars:
+                    with B.sblock("init"):
+                        axes = B.axis.remap("S" * len(extents), list(loop_vars))
+                        at = (axes[0], 0, *axes[1:]) if blocks > 1 else tuple(axes)
+                        B.buffer_store(C, T.float32(0), list(at))
+    desc = ib.get()
+    c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
+    fn, ir = f"tb_amx_zero_t{tile}_b{blocks}_l{lanes}", amx_zero_kernel_ir(tile, blocks, lanes)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=c_strides)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[c_full])
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
+                                         T.Cast("int32", C.strides[-2]),
+                                         T.Cast("int32", C.strides[0])))
+
+    tvm.s_tir.TensorIntrin.register(name, desc, impl)
+    return name
 
 
 def amx_kernel_name(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
@@ -293,21 +386,11 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     name, row = amx_kernel_name(tile, blocks, lanes), lanes * 4
     load, dot = "@llvm.x86.tileloadd64.internal", "@llvm.x86.tdpbf16ps.internal"
     lines = [
-        f"@{name}.asked = internal global i8 0",
         f"define internal void @{name}(ptr noalias %acc, ptr noalias %x, ptr noalias %w, "
         "i32 %xstep, i32 %pairs, i32 %cstep, i32 %wstep, i32 %bstep, i32 %chunks, "
         "i32 %xchunk, i32 %wchunk, i32 %kh, i32 %kw, i32 %xky, i32 %xkx, i32 %wky, "
         "i32 %wkx) alwaysinline {",
-        "entry:",
-        f"  %asked = load i8, ptr @{name}.asked, align 1",
-        "  %known = icmp ne i8 %asked, 0",
-        "  br i1 %known, label %tiles, label %ask",
-        "ask:",
-        f"  %perm = call i64 (i64, ...) @syscall(i64 {_SYS_ARCH_PRCTL}, "
-        f"i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})",
-        f"  store i8 1, ptr @{name}.asked, align 1",
-        "  br label %tiles",
-        "tiles:",
+        *_ask_for_tiles(name),
         "  %kbytes = mul i32 %pairs, 4",
         "  %k = trunc i32 %kbytes to i16",
         "  %krows = trunc i32 %pairs to i16",
@@ -354,7 +437,7 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
               "done:"]
     lines += [f"  call void @llvm.x86.tilestored64.internal(i16 {tile}, i16 {row}, ptr %ap{b}, "
               f"i64 %crow, x86_amx %n{b})" for b in range(blocks)]
-    lines += ["  ret void", "}",
+    lines += ["  ret void", "}", f"@{name}.asked = internal global i8 0",
               "declare i64 @syscall(i64, ...)",
               f"declare x86_amx {load}(i16, i16, ptr, i64)",
               f"declare x86_amx {dot}(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
@@ -388,6 +471,11 @@ def register_intrinsics_named_in(text: str) -> list[str]:
         taps = (int(m.group(7)), int(m.group(8))) if m.group(7) else (1, 1)
         if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
             amx_intrinsic(tile, stride, cb, blocks, lanes, chunks, taps)
+            names.append(m.group(0))
+    for m in _AMX_ZERO_NAME.finditer(text):
+        blocks, tile, lanes = (int(g) for g in m.groups())
+        if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
+            amx_zero_intrinsic(tile, blocks, lanes)
             names.append(m.group(0))
     for m in _AMX_ROWS_NAME.finditer(text):
         blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups())
@@ -609,6 +697,7 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     return name
 
 
+_AMX_ZERO_NAME = re.compile(r"topi_bn\.amx_zero_b(\d+)_t(\d+)_l(\d+)\b")
 _AMX_ROWS_NAME = re.compile(r"topi_bn\.amx_rows_b(\d+)_t(\d+)_l(\d+)_s(\d+)_p(\d+)_h(\d+)\b")
 
 
@@ -855,9 +944,7 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     else:
         sch.reorder(rco, ry, rx, c_ko, c_ow, c_kb, rp, rt)
         init = sch.decompose_reduction(conv, rco)
-    i_ow, i_kb = sch.get_loops(init)[-2:]
-    sch.unroll(i_ow)
-    sch.vectorize(i_kb)
+    _start_accumulators(sch, init, choice, lanes)
     # one block: the intrinsic starts at the positions (a one-position tile has no loop over
     # positions left to tensorize at: at the lanes)
     at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
@@ -877,6 +964,22 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
         sch.vectorize(pci)
 
 
+def _start_accumulators(sch, init, choice: PairTile, lanes: int) -> None:
+    """Schedule the conv's ``init`` block (its accumulators set to 0 before the reduction): on
+    AMX one call per output tile (:func:`amx_zero_intrinsic`), else vector stores."""
+    loops = sch.get_loops(init)
+    if choice.amx:
+        # the call's block keeps the conv's tag: no later rule takes it for an elementwise one
+        tag = sch.get(init).annotations.get("schedule_rule")
+        call = sch.blockize(loops[-3] if choice.blocks > 1 else loops[-2])
+        sch.tensorize(call, amx_zero_intrinsic(choice.tile, choice.blocks, lanes))
+        if tag is not None:
+            sch.annotate(call, "schedule_rule", tag)
+    else:
+        sch.unroll(loops[-2])
+        sch.vectorize(loops[-1])
+
+
 def _schedule_row_pairs(sch, conv, choice: PairTile, lanes: int, x_buf) -> None:
     """The conv's register tile on row pairs (a 5-D weight: a kernel row's taps and channels
     in one axis), its epilogue already tiled: with AMX one call per output tile sums the
@@ -886,10 +989,7 @@ def _schedule_row_pairs(sch, conv, choice: PairTile, lanes: int, x_buf) -> None:
     step = _stride(sch.get(conv))
     inner = (ry, c_ko) if choice.blocks > 1 else (c_ko, ry)
     sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
-    init = sch.decompose_reduction(conv, ry)
-    i_ow, i_kb = sch.get_loops(init)[-2:]
-    sch.unroll(i_ow)
-    sch.vectorize(i_kb)
+    _start_accumulators(sch, sch.decompose_reduction(conv, ry), choice, lanes)
     if choice.amx:
         kh, pairs = int(sch.get(ry).extent), int(sch.get(rp).extent)
         sch.tensorize(ry, amx_rows_intrinsic(choice.tile, step, pairs, kh, choice.blocks,

@@ -18,7 +18,7 @@ from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
     AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_default_blocks, amx_dpbf16, amx_intrinsic,
-    amx_kernel_ir, amx_pair_block, intrinsic_applies_to,
+    amx_kernel_ir, amx_pair_block, amx_zero_kernel_ir, intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
 from topi_bn.schedules.helpers import cpu_params
@@ -90,6 +90,22 @@ def test_amx_kernel_ir():
         amx_kernel_ir(14, lanes=4)
 
 
+def test_amx_zero_kernel_ir():
+    """The accumulators' start: one tilezero stored to each block's tile, after asking for the
+    tile state like the product kernel (the first AMX instruction a task runs may be this)."""
+    ir = amx_zero_kernel_ir(14, blocks=3)
+    assert "define internal void @tb_amx_zero_t14_b3_l16(ptr noalias %acc, i32 %cstep, " \
+        "i32 %bstep)" in ir
+    assert ir.count("call x86_amx @llvm.x86.tilezero.internal(i16 14, i16 64)") == 1
+    assert ir.count("call void @llvm.x86.tilestored64.internal(i16 14, i16 64") == 3
+    assert "@syscall(i64 158, i64 4131, i64 18)" in ir and "@tb_amx_zero_t14_b3_l16.asked" in ir
+    assert "i16 32" in amx_zero_kernel_ir(7, lanes=8)
+    # a tuning record's trace names the intrinsic: registered when the record is read
+    name = "topi_bn.amx_zero_b2_t14_l16"
+    assert register_intrinsics_named_in(f'["Tensorize", "{name}"]') == [name]
+    assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+
+
 def test_amx_tiles_and_candidates():
     """The default tile on an AMX target: the widest divisor of OW of at most 16 rows, two
     output blocks where they divide the conv's; a map of one column keeps vdpbf16ps. Tuning
@@ -115,7 +131,7 @@ def test_which_convs_take_wide_pairs():
     """On AMX targets a pair conv's weight holds up to 32 channels (a tile row) of whole data
     blocks that divide its channels; a conv without a padding stage of its own (1x1, no
     padding) gathers its data blocks only where it has at least 4x as many output channels
-    as input ones."""
+    as input ones, or at least 512."""
     assert amx_pair_block((64, 64, 3, 3), 16, True) == 32
     assert amx_pair_block((64, 128, 3, 3), 16, True) == 32
     assert amx_pair_block((64, 48, 3, 3), 16, True) == 16  # 32 does not divide 48
@@ -125,6 +141,8 @@ def test_which_convs_take_wide_pairs():
     assert amx_pair_block((64, 256, 1, 1), 16, False) == 16  # a 1x1 reduction
     assert amx_pair_block((192, 64, 1, 1), 16, False) == 16  # 3x
     assert amx_pair_block((64, 256, 1, 1), 16, True) == 32  # padded anyway
+    assert amx_pair_block((512, 2048, 1, 1), 16, False) == 32  # 512 outputs
+    assert amx_pair_block((256, 1024, 1, 1), 16, False) == 16
     assert amx_pair_block((64, 64, 3, 3), 8, True) == 32  # 4 blocks of 8
 
 
@@ -196,7 +214,7 @@ def test_which_records_apply():
 
 def _calls(mod) -> list[str]:
     """The AMX intrinsics' micro-kernel calls in a scheduled module, with their arguments."""
-    return re.findall(r'T\.call_extern\("void", "tb_amx_\w+".*', mod.script())
+    return re.findall(r'T\.call_extern\("void", "tb_amx_t\d\w*".*', mod.script())
 
 
 @pytest.mark.parametrize("case,taps", [
@@ -259,6 +277,11 @@ def test_compiles_to_tile_instructions(rng, case):
     assert dots, "no tdpbf16ps"
     assert not [ln for ln in lines if ln.startswith("vdpbf16ps")]
     assert [ln for ln in lines if ln.startswith("ldtilecfg")]
+    # the accumulators start at 0 by tilezero, not by a memset (a call: LLVM would load the
+    # tile configuration again after it, once per output tile) in the functions with tiles
+    assert [ln for ln in lines if ln.startswith("tilezero")]
+    tiled = [f for f in asm.split(".Lfunc_begin") if "tdpbf16ps" in f]
+    assert tiled and not [f for f in tiled if re.search(r"call\w*\s+memset", f)]
     assert [ln for ln in lines if re.match(r"call\w*\s+syscall", ln)]
     assert [ln for ln in lines if re.search(r"tb_amx_\w+\.asked", ln)]
 
