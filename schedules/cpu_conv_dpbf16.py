@@ -43,15 +43,15 @@ input tile, and one call sums all the input-channel blocks and, where both kerne
 above 1 (dilation 1), the kernel's taps, so an accumulator tile is loaded and stored once per
 output tile (else once per tap), and start at 0 by ``tilezero`` (:func:`amx_zero_intrinsic`:
 a TIR init block's stores became a call of ``memset``, after which LLVM reloads the tile
-configuration). With wide pairs (:func:`amx_pair_block`: the weight's block
-of up to 32 channels, a tile row, gathered from several data blocks by the conv's padding
-stage, which runs one vector per data block) one ``tdpbf16ps`` reduces 32 channels rather
-than one 16-channel data block: ResNet-50 bf16 21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D weight: a 3-channel stem's
-kernel row of taps and channels as one reduction, :mod:`topi_bn.compute.conv2d_dpbf16_nchwc`)
-reads one tile row per output position ``stride x channels`` elements after the previous one
-and sums the kernel rows in one call (:func:`amx_rows_intrinsic`): ResNet-50's 7x7 stem
-reduces 7 x 11 pairs per output tile instead of 49 x 2. Records of ``vdpbf16ps`` tiles do not
-apply there
+configuration). With wide pairs (:func:`amx_pair_block`: the weight's block of up to 32
+channels, a tile row, gathered from several data blocks by the conv's padding stage, which
+runs one vector per data block) one ``tdpbf16ps`` reduces 32 channels rather than one
+16-channel data block: ResNet-50 bf16 21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D
+weight: a 3-channel stem's kernel row of taps and channels as one reduction,
+:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`) reads one tile row per output position ``stride
+x channels`` elements after the previous one and sums the kernel rows in one call
+(:func:`amx_rows_intrinsic`): ResNet-50's 7x7 stem reduces 7 x 11 pairs per output tile
+instead of 49 x 2. Records of ``vdpbf16ps`` tiles do not apply there
 (:func:`intrinsic_applies_to`). ResNet-50 bf16 on a Sapphire Rapids (2 threads, in turns):
 25.0 ms on AMX tiles, 64.8 on ``vdpbf16ps``.
 """
