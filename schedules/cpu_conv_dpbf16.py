@@ -300,7 +300,7 @@ def amx_zero_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     loads the tile configuration again (``ldtilecfg``), so each output tile paid one; now a
     task does (on the Xeon, whole bf16 networks in turns: MobileNetV2 4.59 -> 4.19 ms,
     ResNet-18 6.57 -> 6.34)."""
-    name, row = f"tb_amx_zero_t{tile}_b{blocks}_l{lanes}", lanes * 4
+    name, row = amx_kernel_name(tile, blocks, lanes, "zero"), lanes * 4
     lines = [f"define internal void @{name}(ptr noalias %acc, i32 %cstep, i32 %bstep) "
              "alwaysinline {", *_ask_for_tiles(name),
              "  %cs = sext i32 %cstep to i64", "  %crow = mul i64 %cs, 4",
@@ -344,7 +344,7 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
                         B.buffer_store(C, T.float32(0), list(at))
     desc = ib.get()
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
-    fn, ir = f"tb_amx_zero_t{tile}_b{blocks}_l{lanes}", amx_zero_kernel_ir(tile, blocks, lanes)
+    fn, ir = amx_kernel_name(tile, blocks, lanes, "zero"), amx_zero_kernel_ir(tile, blocks, lanes)
 
     @T.prim_func(s_tir=True)
     def impl(c: T.handle) -> None:
@@ -361,9 +361,11 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     return name
 
 
-def amx_kernel_name(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
-    """Name of the AMX micro-kernel of ``blocks`` accumulator tiles of ``tile`` x ``lanes``."""
-    return f"tb_amx_t{tile}_b{blocks}_l{lanes}"
+def amx_kernel_name(tile: int, blocks: int = 1, lanes: int = LANES, kind: str = "") -> str:
+    """Name of the AMX micro-kernel of ``blocks`` accumulator tiles of ``tile`` x ``lanes``:
+    the product (:func:`amx_kernel_ir`), or ``kind`` ``"zero"`` the accumulators' start
+    (:func:`amx_zero_kernel_ir`)."""
+    return f"tb_amx_{kind + '_' if kind else ''}t{tile}_b{blocks}_l{lanes}"
 
 
 def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
@@ -456,6 +458,11 @@ def intrin_name(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
             f"{'native' if native else 'f32'}")
 
 
+def _amx_tile_fits(tile: int, blocks: int, lanes: int) -> bool:
+    """Whether an AMX micro-kernel of these sizes can be made (a name read from a record)."""
+    return lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS
+
+
 def register_intrinsics_named_in(text: str) -> list[str]:
     """Register every micro-kernel tensor intrinsic whose name (:func:`intrin_name`) occurs in
     ``text`` (a tuning record's JSON): MetaSchedule replays a record's trace as it parses it,
@@ -469,17 +476,17 @@ def register_intrinsics_named_in(text: str) -> list[str]:
     for m in _AMX_INTRIN_NAME.finditer(text):
         blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups()[:6])
         taps = (int(m.group(7)), int(m.group(8))) if m.group(7) else (1, 1)
-        if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
+        if _amx_tile_fits(tile, blocks, lanes):
             amx_intrinsic(tile, stride, cb, blocks, lanes, chunks, taps)
             names.append(m.group(0))
     for m in _AMX_ZERO_NAME.finditer(text):
         blocks, tile, lanes = (int(g) for g in m.groups())
-        if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
+        if _amx_tile_fits(tile, blocks, lanes):
             amx_zero_intrinsic(tile, blocks, lanes)
             names.append(m.group(0))
     for m in _AMX_ROWS_NAME.finditer(text):
         blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups())
-        if lanes in LANE_WIDTHS and tile <= AMX_MAX_ROWS and blocks <= AMX_MAX_BLOCKS:
+        if _amx_tile_fits(tile, blocks, lanes):
             amx_rows_intrinsic(tile, step, pairs, kh, blocks, lanes)
             names.append(m.group(0))
     return names
