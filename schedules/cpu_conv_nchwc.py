@@ -163,11 +163,6 @@ class NchwcConvConfig:
     #: its 9 weight vectors and the input vectors of a stride-2 row want registers too; 14 and
     #: 16 positions spilled 24-34 times per tile compiled for sapphirerapids.
     DEPTHWISE_POSITIONS = 8
-    #: Most output positions of a tile whose broadcast input several blocks share, with 32
-    #: registers: 6, as MLAS's AVX-512 NCHWc kernels (up to 4 filter blocks x 6 outputs). LLVM
-    #: compiled tiles of 2-4 blocks x 7 or more positions for znver5 with 50-340 stack accesses
-    #: or the accumulators in memory in the inner loop, and those of 6 or fewer with none.
-    SHARED_POSITIONS = 6
 
     @classmethod
     def max_positions(cls, s: NchwcShape, p, oc_blocks: int) -> int:
@@ -178,14 +173,15 @@ class NchwcConvConfig:
         register too many spills an accumulator in the inner loop, which costs 30-50%). A
         depthwise tile uses half of them: its ``KH x KW`` weight vectors are reused across the
         tile and want registers too. With AVX-512's embedded broadcasts the count is not what
-        limits: what LLVM keeps in registers is (:data:`EMBEDDED_POSITIONS`,
-        :data:`SHARED_POSITIONS`)."""
+        limits: what LLVM keeps in registers is (:data:`EMBEDDED_POSITIONS`, and for a tile
+        whose broadcast input several blocks share ``p.shared_positions``: 6 on AMD's cores, as
+        MLAS's AVX-512 NCHWc kernels, up to 4 filter blocks x 6 outputs; 7 on Intel's)."""
         if s.depthwise:
             fit = max(1, p.vector_registers // 2 // oc_blocks)
             return min(fit, cls.DEPTHWISE_POSITIONS) if p.embedded_broadcast else fit
         fit = max(1, (p.vector_registers - 1) // oc_blocks - 1)
         if p.embedded_broadcast:
-            return min(fit, cls.EMBEDDED_POSITIONS if oc_blocks == 1 else cls.SHARED_POSITIONS)
+            return min(fit, cls.EMBEDDED_POSITIONS if oc_blocks == 1 else p.shared_positions)
         return fit
 
     @classmethod

@@ -21,7 +21,7 @@ from typing import Sequence
 import tvm
 from tvm.target import Target, codegen
 
-from topi_bn.targets import num_cores, vector_bits, vector_lanes
+from topi_bn.targets import num_cores, vector_bits, vector_lanes, x86_cores
 
 __all__ = [
     "CpuParams", "cpu_params", "divisors", "largest_divisor", "extent", "loops_under",
@@ -51,8 +51,10 @@ class CpuParams:
     loads_per_cycle : float
         Loads (vectors or broadcast scalars) per cycle the register-tile cost counts on: 1.5
         with AVX2 (the model the AVX2 defaults were measured against on Zen 3), 3 with AVX-512
-        (Zen 4 and Zen 5 have 3 and 4 load pipes, Sapphire Rapids 3 load ports; a broadcast
-        reads 4 bytes).
+        on AMD (Zen 4 and Zen 5 have 3 and 4 load pipes; a broadcast reads 4 bytes), 2 on
+        Intel's AVX-512 cores (Sapphire Rapids: 3 load ports, two of which load 512 bits per
+        cycle; there one block x 14 positions, 15 loads per 14 FMAs, ran ResNet-50's 1x1 convs
+        1.25-1.5x slower than 4 blocks sharing each broadcast).
     fma_latency : int
         Cycles from an FMA to the next FMA on its accumulator.
     embedded_broadcast : bool
@@ -60,9 +62,17 @@ class CpuParams:
         tile of one channel block then needs no register and no shuffle for its input values.
     broadcast_cost : float
         FMA-pipe time of a broadcast into a register, in FMAs: 0 with AVX2 (a load); 0.5 with
-        AVX-512 (llvm-mca's Zen 4 / Zen 5 model runs a 512-bit ``vbroadcastss`` from memory on
-        FP1, one of the two FMA pipes, for half a 512-bit FMA's time; on Intel cores it is a
-        load-port operation, which makes 0.5 pessimistic there).
+        AVX-512 on AMD (llvm-mca's Zen 4 / Zen 5 model runs a 512-bit ``vbroadcastss`` from
+        memory on FP1, one of the two FMA pipes, for half a 512-bit FMA's time); 0 on Intel's
+        cores, where it is a load-port operation.
+    shared_positions : int
+        Most output positions of a register tile of several channel blocks sharing a broadcast
+        input, as LLVM keeps it in registers for the target (AVX-512; see
+        :meth:`~topi_bn.schedules.cpu_conv_nchwc.NchwcConvConfig.max_positions`): 6 for AMD's
+        Zen 4 / Zen 5 (tiles of 2-4 blocks x 7 or more positions compiled for znver5 with 50-340
+        stack accesses in the inner loop), 7 for Intel's cores (4 blocks x 7 ran ResNet-50's
+        1x1 convs 1.25-1.5x faster than 1 block x 14 and 2-20% faster than 4 x 4 on a Sapphire
+        Rapids, compiled for sapphirerapids, in turns).
     bf16_dot : bool
         AVX512_BF16: ``vdpbf16ps`` adds products of bf16 pairs into float32 lanes (two
         multiply-adds per lane where an FMA does one); the bf16 conv with pair-packed weights
@@ -84,6 +94,7 @@ class CpuParams:
     fma_latency: int = 4
     embedded_broadcast: bool = False
     broadcast_cost: float = 0.0
+    shared_positions: int = 6
     bf16_dot: bool = False
     amx_bf16: bool = False
 
@@ -104,7 +115,9 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
         return target.kind.name == "llvm" and bool(codegen.llvm_cpu_has_features(
             list(features), target))
 
-    issue = dict(loads_per_cycle=3.0, embedded_broadcast=True, broadcast_cost=0.5,
+    intel = avx512 and x86_cores(target) == "intel"
+    issue = dict(loads_per_cycle=2.0 if intel else 3.0, embedded_broadcast=True,
+                 broadcast_cost=0.0 if intel else 0.5, shared_positions=7 if intel else 6,
                  bf16_dot=has("avx512bf16"),
                  amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16")) if avx512 else {}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),

@@ -32,7 +32,7 @@ from .threads import logical_cores
 
 __all__ = [
     "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
-    "vector_bits", "vector_lanes", "num_cores", "host_can_run", "check_host_can_run",
+    "vector_bits", "vector_lanes", "x86_cores", "num_cores", "host_can_run", "check_host_can_run",
     "with_gpu_limits",
 ]
 
@@ -342,6 +342,20 @@ def vector_lanes(target: Any, dtype: str = "float32") -> int:
     """How many ``dtype`` elements fill one SIMD register of ``target``."""
     bits = tvm.runtime.DataType(dtype).bits
     return max(1, vector_bits(target) // bits)
+
+
+def x86_cores(target: Any) -> str:
+    """Whose cores an AVX-512 CPU target describes, as far as schedules differ: ``"amd"``
+    (mcpu ``znver4``, ``znver5``: 3-4 load pipes, a broadcast from memory runs on an FMA pipe)
+    or ``"intel"`` (any other AVX-512 mcpu, e.g. ``sapphirerapids``: two 512-bit loads per
+    cycle, broadcasts on a load port); ``""`` for other targets (AVX2, ARM, GPUs). The register
+    tiles that are fastest differ between the two (see
+    :class:`topi_bn.schedules.helpers.CpuParams`), so the default schedules and the tuning
+    records that apply (:func:`topi_bn.tuning_db.record_applies`) follow it."""
+    t = resolve_target(target)
+    if t.kind.name != "llvm" or _family(t) != "x86" or vector_bits(t) < 512:
+        return ""
+    return "amd" if str(t.attrs.get("mcpu", "")).startswith("znver") else "intel"
 
 
 def num_cores(target: Any) -> int:

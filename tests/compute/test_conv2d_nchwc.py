@@ -787,21 +787,22 @@ def _blocked_configs(target_name, block):
     return out
 
 
-@pytest.mark.parametrize("target_name", ["x86-avx512", {"kind": "llvm", "mcpu": "znver5"}],
-                         ids=["x86-avx512", "znver5"])
-def test_avx512_default_tiles_are_what_llvm_keeps_in_registers(target_name):
+@pytest.mark.parametrize("target_name,shared", [("x86-avx512", 7), ("spr", 7), ("znver5", 6)])
+def test_avx512_default_tiles_are_what_llvm_keeps_in_registers(target_name, shared):
     """With 32 registers the register count is not the limit, LLVM is: a one-block tile (its
     broadcasts read by the FMAs from memory) of at most 14 positions, a tile of 2-4 blocks
-    sharing a broadcast of at most 6 (the 2 blocks x 14 positions the register count allowed
-    kept its accumulators in memory: 270 stores per 448 FMAs in the inner loop)."""
+    sharing a broadcast of at most 6 on AMD's cores (the 2 blocks x 14 positions the register
+    count allowed kept its accumulators in memory for znver5: 270 stores per 448 FMAs in the
+    inner loop), 7 on Intel's."""
     from topi_bn.schedules.cpu_conv_nchwc import NchwcConvConfig
 
+    target_name = {"spr": {"kind": "llvm", "mcpu": "sapphirerapids"},
+                   "znver5": {"kind": "llvm", "mcpu": "znver5"}}.get(target_name, target_name)
     configs = _blocked_configs(target_name, 16)
     assert len(configs) > 50
     for w, s, cfg in configs:
         positions = cfg.tile_h * cfg.tile_w
-        limit = NchwcConvConfig.EMBEDDED_POSITIONS if cfg.oc_blocks == 1 \
-            else NchwcConvConfig.SHARED_POSITIONS
+        limit = NchwcConvConfig.EMBEDDED_POSITIONS if cfg.oc_blocks == 1 else shared
         assert positions <= limit, (w.name, cfg)
         assert cfg.oc_blocks * cfg.tile_h * cfg.tile_w >= 7, (w.name, cfg)  # FMA latency
         assert cfg.k_outer or s.out_w % cfg.tile_w == 0, (w.name, cfg)
@@ -840,6 +841,28 @@ def test_avx2_cost_model_and_defaults_are_unchanged():
     assert got == pinned
 
 
+def test_intel_and_amd_avx512_cost_models_differ():
+    """Intel's AVX-512 cores (two 512-bit loads per cycle, broadcasts on a load port) and AMD's
+    (more loads, broadcasts on an FMA pipe) get their own tile cost terms: on a Sapphire
+    Rapids, ResNet-50's 1x1 convs ran 1.2-1.5x faster in tiles of several channel blocks
+    sharing each broadcast than in the 1 block x 14 positions that AMD's terms pick (in
+    turns), so the Intel defaults of those layers are multi-block tiles; AMD's are unchanged."""
+    from topi_bn.schedules.helpers import cpu_params
+
+    spr = cpu_params(resolve_target({"kind": "llvm", "mcpu": "sapphirerapids"}))
+    zen5 = cpu_params(resolve_target({"kind": "llvm", "mcpu": "znver5"}))
+    assert (spr.loads_per_cycle, spr.broadcast_cost, spr.shared_positions) == (2.0, 0.0, 7)
+    assert (zen5.loads_per_cycle, zen5.broadcast_cost, zen5.shared_positions) == (3.0, 0.5, 6)
+    layers = ("resnet50.conv1x1_256_64_56_s1_relu.nchw16c",
+              "resnet50.conv1x1_512_128_28_s1_relu.nchw16c",
+              "resnet50.conv1x1_1024_256_14_s1_relu.nchw16c")
+    for mcpu, multi in (("sapphirerapids", True), ("znver5", False)):
+        got = {w.name: c for w, _, c in _blocked_configs({"kind": "llvm", "mcpu": mcpu}, 16)
+               if w.name in layers}
+        assert len(got) == len(layers)
+        assert all((c.oc_blocks > 1) is multi for c in got.values()), (mcpu, got)
+
+
 # layers whose AVX-512 default is each tile shape the defaults use: 1 block x 14 (stride 1 and 2,
 # 1x1, 3x3, 7x7 stem), 1 x 14 with input blocks outermost (14x14), 1 x 7 (7x7), 4 blocks x 5 and
 # a remainder loop of 2 (7x7, input blocks outermost), 8-lane blocks (24 channels)
@@ -865,12 +888,17 @@ def test_avx512_default_inner_loop_keeps_the_tile_in_registers(name, mcpu):
     tile's sums go back to the task's buffer in L1), and, where llvm-mca is installed, its
     model predicts at least 85% of the FMA pipes' rate. The former default (2 blocks x 14
     positions) had 16-40 stack accesses and about 280 stores per 448 FMAs in that loop, 67%
-    in llvm-mca's znver5 model."""
+    in llvm-mca's znver5 model. Compiled for sapphirerapids, the 2 blocks x 7 positions of the
+    7x7 maps with input blocks outermost keep a few values on the stack (19 accesses per 224
+    FMAs), and still ran 5-9% faster there than the 1 x 7 tile without any (ResNet-50's 1x1
+    2048 -> 512 and 512 -> 2048, MobileNetV2's 960 -> 320, in turns): at most one access per
+    8 FMAs there."""
     from topi_bn.testing.asm import compile_workload, hot_loop, mca_models, run_mca
 
     loop = hot_loop(compile_workload(name, mcpu))
     assert loop.fmas >= 16 and loop.width == ("ymm" if "_24_" in name else "zmm"), loop.width
-    assert loop.spills == 0 and 16 * loop.vector_stores <= loop.fmas, \
+    spills = 8 * loop.spills <= loop.fmas if mcpu == "sapphirerapids" else loop.spills == 0
+    assert spills and 16 * loop.vector_stores <= loop.fmas, \
         (loop.spills, loop.vector_stores, loop.fmas)
     if mca_models(mcpu):  # where the installed llvm-mca models this CPU
         assert run_mca(loop, mcpu).fma_util >= 0.85

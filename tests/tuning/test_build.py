@@ -279,8 +279,30 @@ SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
            ("cuda-sm_90", "gpu.bn_train_nchw_256x64x112x112", "float16"),
            ("cuda-sm_90", "gpu.bn_train_nhwc_256x112x112x64", "float16"),
            ("cuda-sm_90", "gpu.layer_norm_65536x4096", "float16")]
-#: the topi-bn target name of each shipped log
-LOG_TARGETS = {"x86-avx512": "x86-avx512", "x86-avx2": "x86-avx2", "cuda-sm_90": "cuda-sm90"}
+#: the target of each shipped log's records (x86-avx512's were tuned on AMD's cores: they apply
+#: to AMD's AVX-512 targets only, see topi_bn.targets.x86_cores)
+LOG_TARGETS = {"x86-avx512": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
+               "x86-avx2": "x86-avx2", "cuda-sm_90": "cuda-sm90"}
+
+
+def test_avx512_records_apply_to_the_cores_they_were_tuned_on():
+    """A record's target and a build's must have the same log key and, on AVX-512, the same
+    vendor's cores: records tuned on a Zen 5 apply to a Zen 4, not to a Sapphire Rapids (there
+    the default schedules ran every ResNet-50 conv faster than the Zen 5 records), nor the
+    other way; AVX2 records apply to every AVX2 CPU, as before."""
+    from topi_bn.targets import resolve_target, x86_cores
+    from topi_bn.tuning_db import record_applies
+
+    zen5, zen4 = {"kind": "llvm", "mcpu": "znver5"}, {"kind": "llvm", "mcpu": "znver4"}
+    spr = {"kind": "llvm", "mcpu": "sapphirerapids"}
+    assert [x86_cores(t) for t in (zen5, zen4, spr, "x86-avx512", "x86-avx2", "arm")] == \
+        ["amd", "amd", "intel", "intel", "", ""]
+    assert record_applies(zen5, resolve_target(zen4))
+    assert not record_applies(zen5, resolve_target(spr))
+    assert not record_applies(spr, resolve_target(zen5))
+    assert record_applies(spr, resolve_target("x86-avx512"))  # skylake-avx512: Intel
+    assert record_applies({"kind": "llvm", "mcpu": "haswell"},
+                          resolve_target({"kind": "llvm", "mcpu": "znver3"}))
 
 
 @pytest.mark.parametrize("key,name,dtype", SHIPPED)
