@@ -81,6 +81,35 @@ def test_a_record_that_loses_is_dropped_and_the_default_runs(tmp_path):
                                     default["main"].without_attr("tirx.is_scheduled"))
 
 
+def test_pruning_leaves_the_records_of_other_targets(tmp_path):
+    """A log holds records of several targets (AMD's and Intel's AVX-512 cores share
+    x86-avx512): verifying on one drops only records that apply to it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning_db import merge_records
+    from topi_bn.tuning_verify import verify_log
+
+    from tuning_helpers import OTHER_KEY_TARGET
+
+    log = _log_with_a_fast_tuned_record(str(tmp_path / "log"))
+    func, mod = _func_and_mod()
+    tuned = _top(log)[0]
+    other = resolve_target(OTHER_KEY_TARGET)
+    merge_records(log, mod, [ms.database.TuningRecord(tuned.trace, tuned.workload, [1e-9], other,
+                                                      tuned.args_info)])
+
+    def others():
+        db = ms.database.JSONDatabase(work_dir=log, allow_missing=False)
+        return [r for r in db.get_all_tuning_records() if str(r.target) == str(other)]
+
+    assert len(others()) == 1
+    (res,) = verify_log(TARGET, WORKLOAD, log, progress=None,
+                        measure=lambda mods, args: [130.0, 100.0])
+    assert res.status == "pruned" and res.dropped >= 1
+    assert len(others()) == 1
+
+
 def test_a_record_that_wins_or_ties_is_kept_and_the_log_untouched(tmp_path):
     from topi_bn.tuning_verify import verify_log
 
