@@ -70,9 +70,10 @@ class CpuParams:
         input, as LLVM keeps it in registers for the target (AVX-512; see
         :meth:`~topi_bn.schedules.cpu_conv_nchwc.NchwcConvConfig.max_positions`): 6 for AMD's
         Zen 4 / Zen 5 (tiles of 2-4 blocks x 7 or more positions compiled for znver5 with 50-340
-        stack accesses in the inner loop), 7 for Intel's cores (4 blocks x 7 ran ResNet-50's
-        1x1 convs 1.25-1.5x faster than 1 block x 14 and 2-20% faster than 4 x 4 on a Sapphire
-        Rapids, compiled for sapphirerapids, in turns).
+        stack accesses in the inner loop), 7 for Intel's cores (2 or 3 blocks x 7; on a
+        Sapphire Rapids, in turns, 2 x 7 ran ResNet-50's 1x1 convs 1.2-1.4x faster than 1 block
+        x 14, and 2 x 7 with input blocks outermost the 7x7 maps 5-9% faster than 1 x 7 despite
+        a few stack accesses; 4 blocks stay at 6 by the register count, 4 x 7 spilled).
     bf16_dot : bool
         AVX512_BF16: ``vdpbf16ps`` adds products of bf16 pairs into float32 lanes (two
         multiply-adds per lane where an FMA does one); the bf16 conv with pair-packed weights

@@ -27,7 +27,7 @@ Which records apply to a build (:func:`load_logs`):
   :func:`topi_bn.targets.tuning_log_key` (x86-avx512, x86-avx2, arm-neon, cuda-sm_XX) and, on
   AVX-512, :func:`topi_bn.targets.x86_cores` (records tuned on AMD's Zen 4 / Zen 5 do not apply
   to Intel's cores, nor the other way: their fastest register tiles differ, and on a Sapphire
-  Rapids the default schedules ran every ResNet-50 conv faster than the Zen 5 records); a
+  Rapids the Intel default schedules ran most ResNet-50 convs faster than the Zen 5 records); a
   schedule tuned on one AVX-512 CPU is valid code for any other, except one whose micro-kernel
   inlines ``vdpbf16ps``, which applies only to targets with AVX512_BF16
   (:func:`topi_bn.schedules.rules.trace_runs_on`); the tensor intrinsics a record's trace

@@ -292,8 +292,8 @@ LOG_TARGETS = {"x86-avx512": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
 def test_avx512_records_apply_to_the_cores_they_were_tuned_on():
     """A record's target and a build's must have the same log key and, on AVX-512, the same
     vendor's cores: records tuned on a Zen 5 apply to a Zen 4, not to a Sapphire Rapids (there
-    the default schedules ran every ResNet-50 conv faster than the Zen 5 records), nor the
-    other way; AVX2 records apply to every AVX2 CPU, as before."""
+    the Intel default schedules ran most ResNet-50 convs faster than the Zen 5 records), nor
+    the other way; AVX2 records apply to every AVX2 CPU, as before."""
     from topi_bn.targets import resolve_target, x86_cores
     from topi_bn.tuning_db import record_applies
 
