@@ -32,7 +32,7 @@ from .threads import logical_cores
 
 __all__ = [
     "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
-    "vector_bits", "vector_lanes", "x86_cores", "num_cores", "host_can_run", "check_host_can_run",
+    "vector_bits", "vector_lanes", "record_scope", "x86_cores", "num_cores", "host_can_run", "check_host_can_run",
     "with_gpu_limits",
 ]
 
@@ -342,6 +342,13 @@ def vector_lanes(target: Any, dtype: str = "float32") -> int:
     """How many ``dtype`` elements fill one SIMD register of ``target``."""
     bits = tvm.runtime.DataType(dtype).bits
     return max(1, vector_bits(target) // bits)
+
+
+def record_scope(target: Any) -> str:
+    """Which tuning records ``target`` shares: its :func:`tuning_log_key`, with ``"@intel"``
+    appended on Intel's AVX-512 cores (:func:`x86_cores`; a log holds records of both vendors,
+    tuned apart, AMD's, the older, naming no cores), e.g. ``x86-avx512@intel``."""
+    return tuning_log_key(target) + ("@intel" if x86_cores(target) == "intel" else "")
 
 
 def x86_cores(target: Any) -> str:

@@ -38,8 +38,8 @@ from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.cpu_conv_dpbf16 import native_dpbf16
 from .schedules.rules import rules_for
-from .targets import (resolve, resolve_target, target_family, tuning_log_key, vector_lanes,
-                      x86_cores)
+from .targets import (record_scope, resolve, resolve_target, target_family, tuning_log_key,
+                      vector_lanes)
 from .tuning_db import build_visible_mod, merge_records, read_manifest
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
@@ -326,10 +326,7 @@ def _make_callback(progress: _Progress, workload, label: str, budget: int, dtype
 def _manifest_key(workload, dtype: str, space: str, target, mod) -> str:
     import tvm_ffi
 
-    # records tuned on Intel's AVX-512 cores and on AMD's apply to their own (x86_cores): a
-    # log holds both, tuned apart (AMD's keys, the older, name no cores)
-    cores = "@intel" if x86_cores(target) == "intel" else ""
-    return (f"{workload.name}|{dtype}|{space}|{tuning_log_key(target)}{cores}|"
+    return (f"{workload.name}|{dtype}|{space}|{record_scope(target)}|"
             f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFF:x}")
 
 

@@ -23,9 +23,10 @@ way (``topi-bn tune --verify`` drops tuned records that lose to the default sche
 
 Which records apply to a build (:func:`load_logs`):
 
-- target: a record applies when its target has the build target's kind,
-  :func:`topi_bn.targets.tuning_log_key` (x86-avx512, x86-avx2, arm-neon, cuda-sm_XX) and, on
-  AVX-512, :func:`topi_bn.targets.x86_cores` (records tuned on AMD's Zen 4 / Zen 5 do not apply
+- target: a record applies when its target has the build target's kind and
+  :func:`topi_bn.targets.record_scope`: the same :func:`~topi_bn.targets.tuning_log_key`
+  (x86-avx512, x86-avx2, arm-neon, cuda-sm_XX) and, on AVX-512, the same
+  :func:`~topi_bn.targets.x86_cores` (records tuned on AMD's Zen 4 / Zen 5 do not apply
   to Intel's cores, nor the other way: their fastest register tiles differ, and on a Sapphire
   Rapids the Intel default schedules ran most ResNet-50 convs faster than the Zen 5 records); a
   schedule tuned on one AVX-512 CPU is valid code for any other, except one whose micro-kernel
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from .schedules.rules import register_record_intrinsics, trace_runs_on
-from .targets import resolve, resolve_target, tuning_log_key, x86_cores
+from .targets import record_scope, resolve, resolve_target, tuning_log_key
 
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
@@ -137,18 +138,16 @@ def _warn(msg: str) -> None:
     warnings.warn(msg, TuningLogWarning, stacklevel=3)
 
 
-def _target_key(target) -> tuple[str, str, str] | None:
+def _target_key(target) -> tuple[str, str] | None:
     try:
-        t = resolve_target(target)
-        return (t.kind.name, tuning_log_key(target), x86_cores(t))
+        return (resolve_target(target).kind.name, record_scope(target))
     except Exception:  # a target topi-bn has no log key for
         return None
 
 
 def record_applies(record_target, build_target) -> bool:
     """Whether a record tuned for ``record_target`` applies to a build for ``build_target``: same
-    target kind, same :func:`~topi_bn.targets.tuning_log_key` and same
-    :func:`~topi_bn.targets.x86_cores` (``build_target`` is best a
+    target kind and :func:`~topi_bn.targets.record_scope` (``build_target`` is best a
     :class:`~topi_bn.targets.ResolvedTarget`, whose log key is computed once)."""
     if record_target is None:
         return False

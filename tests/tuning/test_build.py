@@ -274,6 +274,7 @@ SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
            ("x86-avx512", "layer_norm.512x4096", "float32"),
            ("x86-avx512@intel", "resnet50.conv1x1_512_128_28_s1_relu.nchw16c", "float32"),
            ("x86-avx512@intel", "resnet50.conv1x1_2048_512_7_s1_relu.nchw16c", "float32"),
+           ("x86-avx512@intel", "mobilenetv2.conv1x1_64_384_14_s1_relu6.nchw16c", "float32"),
            ("x86-avx2", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
            ("x86-avx2", "resnet50.conv1x1_256_64_56_s1_relu.nchw8c", "float32"),
            ("x86-avx2", "bn_train.nchw_8x256x28x28", "float32"),
@@ -282,8 +283,8 @@ SHIPPED = [("x86-avx512", "resnet50.conv3x3_64_64_56_s1_relu", "float32"),
            ("cuda-sm_90", "gpu.bn_train_nhwc_256x112x112x64", "float16"),
            ("cuda-sm_90", "gpu.layer_norm_65536x4096", "float16")]
 #: the target of each shipped log's records; x86-avx512 holds records tuned on AMD's cores (a Zen
-#: 5) and on Intel's (a Sapphire Rapids, ResNet-50's blocked float32 convs, 2026-11-29), each
-#: applying to that vendor's AVX-512 targets (topi_bn.targets.x86_cores)
+#: 5) and on Intel's (a Sapphire Rapids, ResNet-50's and MobileNetV2's blocked float32 convs,
+#: 2026-11-29), each applying to that vendor's AVX-512 targets (topi_bn.targets.record_scope)
 LOG_TARGETS = {"x86-avx512": {"kind": "llvm", "mcpu": "znver5", "num-cores": 2},
                "x86-avx512@intel": {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
                "x86-avx2": "x86-avx2", "cuda-sm_90": "cuda-sm90"}
@@ -294,13 +295,15 @@ def test_avx512_records_apply_to_the_cores_they_were_tuned_on():
     vendor's cores: records tuned on a Zen 5 apply to a Zen 4, not to a Sapphire Rapids (there
     the Intel default schedules ran most ResNet-50 convs faster than the Zen 5 records), nor
     the other way; AVX2 records apply to every AVX2 CPU, as before."""
-    from topi_bn.targets import resolve_target, x86_cores
+    from topi_bn.targets import record_scope, resolve_target, x86_cores
     from topi_bn.tuning_db import record_applies
 
     zen5, zen4 = {"kind": "llvm", "mcpu": "znver5"}, {"kind": "llvm", "mcpu": "znver4"}
     spr = {"kind": "llvm", "mcpu": "sapphirerapids"}
     assert [x86_cores(t) for t in (zen5, zen4, spr, "x86-avx512", "x86-avx2", "arm")] == \
         ["amd", "amd", "intel", "intel", "", ""]
+    assert [record_scope(t) for t in (zen5, spr, "x86-avx2", "arm")] == \
+        ["x86-avx512", "x86-avx512@intel", "x86-avx2", "arm-neon"]
     assert record_applies(zen5, resolve_target(zen4))
     assert not record_applies(zen5, resolve_target(spr))
     assert not record_applies(spr, resolve_target(zen5))
