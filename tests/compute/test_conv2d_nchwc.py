@@ -182,7 +182,8 @@ def test_matches_reference_scheduled_float32(rng, case):
 
 @pytest.mark.requires("avx2")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", [CASES[2], CASES[5]], ids=[CASE_IDS[2], CASE_IDS[5]])
+@pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[6]],
+                         ids=[CASE_IDS[2], CASE_IDS[5], CASE_IDS[6]])
 def test_matches_reference_scheduled_16bit(rng, case, dtype):
     arrays, kwargs = _case(rng, case, dtype)
     ph = _placeholders(arrays)
