@@ -31,9 +31,9 @@ from tvm.target import Target
 from .threads import logical_cores
 
 __all__ = [
-    "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict", "target_family", "tuning_log_key",
-    "vector_bits", "vector_lanes", "record_scope", "x86_cores", "num_cores", "host_can_run", "check_host_can_run",
-    "with_gpu_limits",
+    "ResolvedTarget", "resolve", "resolve_target", "TARGET_NAMES", "host_x86_target_dict",
+    "target_family", "tuning_log_key", "vector_bits", "vector_lanes", "record_scope",
+    "x86_cores", "num_cores", "host_can_run", "check_host_can_run", "with_gpu_limits",
 ]
 
 
