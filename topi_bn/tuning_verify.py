@@ -166,7 +166,7 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
         # every searched record that the log ranks with the default or above it: a searched
         # record whose time ties the default's (both failed to run under load: the runner's
         # error time) must not stay first
-        # (only records of this target's kind: AMD's and Intel's share a log, record_applies)
+        # (only records that apply to this target: AMD's and Intel's share a log, record_scope)
         bar = run_time(defaults[0]) if defaults else float("inf")
         result.dropped = drop_records(
             log_dir, mod,
