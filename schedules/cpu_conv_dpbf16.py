@@ -41,13 +41,15 @@ register tile is an AMX tile instead (:func:`amx_kernel_ir`, ``PairTile.amx``): 
 positions x 16 channels of float32 per accumulator tile, up to 3 output blocks sharing each
 input tile, and one call sums all the input-channel blocks and, where both kernel sides are
 above 1 (dilation 1), the kernel's taps, so an accumulator tile is loaded and stored once per
-output tile (else once per tap), and start at 0 by ``tilezero`` (:func:`amx_zero_intrinsic`:
-a TIR init block's stores became a call of ``memset``, after which LLVM reloads the tile
-configuration). With wide pairs (:func:`amx_pair_block`: the weight's block of up to 32
-channels, a tile row, gathered from several data blocks by the conv's padding stage, which
-runs one vector per data block) one ``tdpbf16ps`` reduces 32 channels rather than one
-16-channel data block: ResNet-50 bf16 21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D
-weight: a 3-channel stem's kernel row of taps and channels as one reduction,
+output tile (else once per tap), and start at 0 by ``tilezero``: where one call is the
+tile's whole reduction, inside that call (``fresh``: the init block's call is empty), else by
+a call that stores the zero (:func:`amx_zero_intrinsic`: a TIR init block's stores became a
+call of ``memset``, after which LLVM reloads the tile configuration). With wide pairs
+(:func:`amx_pair_block`: the weight's block of up to 32 channels, a tile row, gathered from
+several data blocks by the conv's padding stage, which runs one vector per data block) one
+``tdpbf16ps`` reduces 32 channels rather than one 16-channel data block: ResNet-50 bf16
+21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D weight: a 3-channel stem's kernel row of
+taps and channels as one reduction,
 :mod:`topi_bn.compute.conv2d_dpbf16_nchwc`) reads one tile row per output position ``stride
 x channels`` elements after the previous one and sums the kernel rows in one call
 (:func:`amx_rows_intrinsic`): ResNet-50's 7x7 stem reduces 7 x 11 pairs per output tile
@@ -317,11 +319,15 @@ def amx_zero_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     return "\n".join(lines) + "\n"
 
 
-def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
+def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
+                       deferred: bool = False) -> str:
     """The name of the tensor intrinsic (registered on first use) that starts an AMX call's
     accumulators (:func:`amx_zero_kernel_ir`): ``C[b, t, k] = 0`` over ``b < blocks, t <
-    tile, k < lanes`` (the buffer as :func:`amx_intrinsic`'s)."""
-    name = f"{AMX_INTRIN_PREFIX}zero_b{blocks}_t{tile}_l{lanes}"
+    tile, k < lanes`` (the buffer as :func:`amx_intrinsic`'s). ``deferred``: the call is
+    empty, the zero left to the product call that follows, which must start its accumulators
+    at 0 itself and be the output tile's only one (``fresh`` in :func:`amx_intrinsic`)."""
+    name = f"{AMX_INTRIN_PREFIX}zero_b{blocks}_t{tile}_l{lanes}" + ("_deferred" if deferred
+                                                                    else "")
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     from tvm.script.ir_builder import IRBuilder
@@ -352,10 +358,13 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
         with T.sblock("root"):
             T.reads()
             T.writes(C[c_full])
-            with T.attr(0, "pragma_import_llvm", ir):
-                T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
-                                         T.Cast("int32", C.strides[-2]),
-                                         T.Cast("int32", C.strides[0])))
+            if deferred:
+                T.evaluate(0)
+            else:
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
+                                             T.Cast("int32", C.strides[-2]),
+                                             T.Cast("int32", C.strides[0])))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl)
     return name
@@ -363,12 +372,13 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
 
 def amx_kernel_name(tile: int, blocks: int = 1, lanes: int = LANES, kind: str = "") -> str:
     """Name of the AMX micro-kernel of ``blocks`` accumulator tiles of ``tile`` x ``lanes``:
-    the product (:func:`amx_kernel_ir`), or ``kind`` ``"zero"`` the accumulators' start
-    (:func:`amx_zero_kernel_ir`)."""
+    the product (:func:`amx_kernel_ir`), ``kind`` ``"fresh"`` the product with accumulators
+    starting at 0, or ``"zero"`` the accumulators' start (:func:`amx_zero_kernel_ir`)."""
     return f"tb_amx_{kind + '_' if kind else ''}t{tile}_b{blocks}_l{lanes}"
 
 
-def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
+def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES,
+                  fresh: bool = False) -> str:
     """LLVM IR of ``void <amx_kernel_name>(ptr acc, ptr x, ptr w, i32 xstep, i32 pairs, i32
     cstep, i32 wstep, i32 bstep, i32 chunks, i32 xchunk, i32 wchunk, i32 kh, i32 kw, i32 xky,
     i32 xkx, i32 wky, i32 wkx)``: what :func:`micro_kernel_ir`'s kernel computes, summed over
@@ -378,14 +388,18 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     (``tile`` rows of ``lanes`` channels, row stride ``cstep``), loaded once and stored once;
     per input block and tap one bf16 input tile (``tile`` rows of ``pairs`` pairs, row stride
     ``xstep``, shared by the blocks) and per block a weight tile (``pairs`` rows of ``lanes``
-    pairs) and one ``tdpbf16ps``. The kernel asks Linux for the tile state once per process (a
-    flag in the module) before its first tile load."""
+    pairs) and one ``tdpbf16ps``. ``fresh``: the accumulator tiles start at 0 (``tilezero``)
+    instead of being loaded, for a call that is its output tile's whole reduction: on the
+    Xeon, the zero stored by ``tilestored`` and loaded back took about 30% of the perf samples
+    of MobileNetV2's 16 -> 96 1x1 conv at 112x112; whole bf16 networks in turns, MobileNetV2
+    4.28 -> 3.95 ms, ResNet-50 18.52 -> 17.12, outputs bit-identical. The kernel asks Linux
+    for the tile state once per process (a flag in the module) before its first tile load."""
     if lanes not in LANE_WIDTHS:
         raise ValueError(f"lanes: expected 8 or 16, got {lanes}")
     if not 1 <= tile <= AMX_MAX_ROWS or not 1 <= blocks <= AMX_MAX_BLOCKS:
         raise ValueError(f"tile, blocks: expected at most {AMX_MAX_ROWS} rows and "
                          f"{AMX_MAX_BLOCKS} blocks, got {tile}, {blocks}")
-    name, row = amx_kernel_name(tile, blocks, lanes), lanes * 4
+    name, row = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else ""), lanes * 4
     load, dot = "@llvm.x86.tileloadd64.internal", "@llvm.x86.tdpbf16ps.internal"
     lines = [
         f"define internal void @{name}(ptr noalias %acc, ptr noalias %x, ptr noalias %w, "
@@ -402,10 +416,11 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
         "  %crow = mul i64 %cs, 4",
     ]
     for b in range(blocks):
+        start = (f"call x86_amx @llvm.x86.tilezero.internal(i16 {tile}, i16 {row})" if fresh
+                 else f"call x86_amx {load}(i16 {tile}, i16 {row}, ptr %ap{b}, i64 %crow)")
         lines += [f"  %bo{b} = mul i32 %bstep, {b}", f"  %wb{b} = mul i32 %wstep, {b}",
                   f"  %ap{b} = getelementptr float, ptr %acc, i32 %bo{b}",
-                  f"  %a{b} = call x86_amx {load}(i16 {tile}, i16 {row}, ptr %ap{b}, "
-                  "i64 %crow)"]
+                  f"  %a{b} = {start}"]
     # one loop over the input blocks and taps, the tap's column, row and block counted along
     lines += ["  %khw = mul i32 %kh, %kw", "  %steps = mul i32 %khw, %chunks",
               "  br label %loop", "loop:",
@@ -442,6 +457,7 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     lines += ["  ret void", "}", f"@{name}.asked = internal global i8 0",
               "declare i64 @syscall(i64, ...)",
               f"declare x86_amx {load}(i16, i16, ptr, i64)",
+              "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)",
               f"declare x86_amx {dot}(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
               "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)"]
     return "\n".join(lines) + "\n"
@@ -477,17 +493,17 @@ def register_intrinsics_named_in(text: str) -> list[str]:
         blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups()[:6])
         taps = (int(m.group(7)), int(m.group(8))) if m.group(7) else (1, 1)
         if _amx_tile_fits(tile, blocks, lanes):
-            amx_intrinsic(tile, stride, cb, blocks, lanes, chunks, taps)
+            amx_intrinsic(tile, stride, cb, blocks, lanes, chunks, taps, bool(m.group(9)))
             names.append(m.group(0))
     for m in _AMX_ZERO_NAME.finditer(text):
-        blocks, tile, lanes = (int(g) for g in m.groups())
+        blocks, tile, lanes = (int(g) for g in m.groups()[:3])
         if _amx_tile_fits(tile, blocks, lanes):
-            amx_zero_intrinsic(tile, blocks, lanes)
+            amx_zero_intrinsic(tile, blocks, lanes, bool(m.group(4)))
             names.append(m.group(0))
     for m in _AMX_ROWS_NAME.finditer(text):
-        blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups())
+        blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups()[:6])
         if _amx_tile_fits(tile, blocks, lanes):
-            amx_rows_intrinsic(tile, step, pairs, kh, blocks, lanes)
+            amx_rows_intrinsic(tile, step, pairs, kh, blocks, lanes, bool(m.group(7)))
             names.append(m.group(0))
     return names
 
@@ -616,17 +632,17 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
 #: what the names of the AMX micro-kernels' tensor intrinsics start with
 AMX_INTRIN_PREFIX = "topi_bn.amx_"
 _AMX_INTRIN_NAME = re.compile(
-    r"topi_bn\.amx_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_r(\d+)(?:_k(\d+)x(\d+))?\b")
+    r"topi_bn\.amx_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_r(\d+)(?:_k(\d+)x(\d+))?(_fresh)?\b")
 
 
 def amx_intrin_name(tile: int, stride: int, cb: int, blocks: int, lanes: int, chunks: int,
-                    taps: tuple[int, int] = (1, 1)) -> str:
+                    taps: tuple[int, int] = (1, 1), fresh: bool = False) -> str:
     return (f"{AMX_INTRIN_PREFIX}b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_r{chunks}"
-            + (f"_k{taps[0]}x{taps[1]}" if taps != (1, 1) else ""))
+            + (f"_k{taps[0]}x{taps[1]}" if taps != (1, 1) else "") + ("_fresh" if fresh else ""))
 
 
 def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int = LANES,
-                  chunks: int = 1, taps: tuple[int, int] = (1, 1)) -> str:
+                  chunks: int = 1, taps: tuple[int, int] = (1, 1), fresh: bool = False) -> str:
     """The name of the tensor intrinsic (registered on first use) of one AMX micro-kernel call
     (:func:`amx_kernel_ir`): :func:`pair_intrinsic`'s product summed over ``chunks`` input
     blocks, ``C[b, t, k] += f32(X[i, t * stride, 2p + r]) * f32(W[b, i, p, k, r])``
@@ -634,8 +650,10 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     axis and the positions (the input's row, the weight's kernel row and column). ``taps``
     ``(kh, kw)`` (both above 1, dilation 1): the call also sums the kernel's taps, ``X[i, y, t
     * stride + x, 2p + r] * W[b, i, y, x, p, k, r]``, so its accumulator tiles are loaded and
-    stored once per output tile."""
-    name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks, taps)
+    stored once per output tile. ``fresh``: the call starts its accumulators at 0 rather than
+    loading them (:func:`amx_kernel_ir`), after a deferred zero (:func:`amx_zero_intrinsic`).
+    """
+    name = amx_intrin_name(tile, stride, cb, blocks, lanes, chunks, taps, fresh)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     kh, kw = taps
@@ -643,7 +661,8 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
         raise ValueError(f"taps: a call sums the taps of kernels with both sides above 1 "
                          f"only, got {taps}")
     pairs, xw = cb // 2, (tile - 1) * stride + kw
-    ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
+    ir = amx_kernel_ir(tile, blocks, lanes, fresh)
+    fn = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else "")
     x_shape, w_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2)
     c_shape = (tile, lanes)
     if blocks > 1:
@@ -704,28 +723,31 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     return name
 
 
-_AMX_ZERO_NAME = re.compile(r"topi_bn\.amx_zero_b(\d+)_t(\d+)_l(\d+)\b")
-_AMX_ROWS_NAME = re.compile(r"topi_bn\.amx_rows_b(\d+)_t(\d+)_l(\d+)_s(\d+)_p(\d+)_h(\d+)\b")
+_AMX_ZERO_NAME = re.compile(r"topi_bn\.amx_zero_b(\d+)_t(\d+)_l(\d+)(_deferred)?\b")
+_AMX_ROWS_NAME = re.compile(
+    r"topi_bn\.amx_rows_b(\d+)_t(\d+)_l(\d+)_s(\d+)_p(\d+)_h(\d+)(_fresh)?\b")
 
 
 def amx_rows_intrin_name(tile: int, step: int, pairs: int, kh: int, blocks: int,
-                         lanes: int) -> str:
-    return f"{AMX_INTRIN_PREFIX}rows_b{blocks}_t{tile}_l{lanes}_s{step}_p{pairs}_h{kh}"
+                         lanes: int, fresh: bool = False) -> str:
+    return (f"{AMX_INTRIN_PREFIX}rows_b{blocks}_t{tile}_l{lanes}_s{step}_p{pairs}_h{kh}"
+            + ("_fresh" if fresh else ""))
 
 
 def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 1,
-                       lanes: int = LANES) -> str:
+                       lanes: int = LANES, fresh: bool = False) -> str:
     """The name of the tensor intrinsic (registered on first use) of one AMX micro-kernel call
     (:func:`amx_kernel_ir`) on a conv's row pairs (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`:
     a kernel row's taps and channels as one axis of ``pairs`` pairs): ``C[b, t, k] +=
     f32(X[y, t * step + 2p + r]) * f32(W[b, y, p, k, r])`` over the ``kh`` kernel rows, the
     input tile's rows ``step`` elements apart (stride x channels); one block: ``C[t, k]``,
-    ``W[y, p, k, r]``."""
-    name = amx_rows_intrin_name(tile, step, pairs, kh, blocks, lanes)
+    ``W[y, p, k, r]``. ``fresh`` as in :func:`amx_intrinsic`."""
+    name = amx_rows_intrin_name(tile, step, pairs, kh, blocks, lanes, fresh)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     xw = (tile - 1) * step + 2 * pairs
-    ir, fn = amx_kernel_ir(tile, blocks, lanes), amx_kernel_name(tile, blocks, lanes)
+    ir = amx_kernel_ir(tile, blocks, lanes, fresh)
+    fn = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else "")
     x_shape, w_shape, c_shape = (kh, xw), (kh, pairs, lanes, 2), (tile, lanes)
     if blocks > 1:
         w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
@@ -944,21 +966,24 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
         inner = (rco, ry, rx, c_ko) if n_blocks > 1 else (c_ko, rco, ry, rx)
         sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
         init = sch.decompose_reduction(conv, rco)
-    elif choice.amx:
+    elif choice.amx:  # (the taps outside the call)
         inner = (rco, c_ko) if n_blocks > 1 else (c_ko, rco)
         sch.reorder(ry, rx, *inner, c_ow, c_kb, rp, rt)
         init = sch.decompose_reduction(conv, ry)
     else:
         sch.reorder(rco, ry, rx, c_ko, c_ow, c_kb, rp, rt)
         init = sch.decompose_reduction(conv, rco)
-    _start_accumulators(sch, init, choice, lanes)
+    # AMX: where one call is an output tile's whole reduction (it sums the taps, or there is
+    # one), it starts the accumulators itself
+    fresh = choice.amx and (amx_taps or taps == (1, 1))
+    _start_accumulators(sch, init, choice, lanes, fresh)
     # one block: the intrinsic starts at the positions (a one-position tile has no loop over
     # positions left to tensorize at: at the lanes)
     at = c_ko if n_blocks > 1 else c_ow if tile > 1 else c_kb
     if choice.amx:
         sch.tensorize(rco if chunks > 1 else ry if amx_taps else at,
                       amx_intrinsic(tile, stride, cb, n_blocks, lanes, chunks,
-                                    taps if amx_taps else (1, 1)))
+                                    taps if amx_taps else (1, 1), fresh))
     else:
         sch.tensorize(at, pair_intrinsic(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
     if x_buf is not None:
@@ -971,15 +996,16 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
         sch.vectorize(pci)
 
 
-def _start_accumulators(sch, init, choice: PairTile, lanes: int) -> None:
+def _start_accumulators(sch, init, choice: PairTile, lanes: int, fresh: bool = False) -> None:
     """Schedule the conv's ``init`` block (its accumulators set to 0 before the reduction): on
-    AMX one call per output tile (:func:`amx_zero_intrinsic`), else vector stores."""
+    AMX one call per output tile (:func:`amx_zero_intrinsic`; ``fresh``: an empty one, the
+    product call that follows starting at 0), else vector stores."""
     loops = sch.get_loops(init)
     if choice.amx:
         # the call's block keeps the conv's tag: no later rule takes it for an elementwise one
         tag = sch.get(init).annotations.get("schedule_rule")
         call = sch.blockize(loops[-3] if choice.blocks > 1 else loops[-2])
-        sch.tensorize(call, amx_zero_intrinsic(choice.tile, choice.blocks, lanes))
+        sch.tensorize(call, amx_zero_intrinsic(choice.tile, choice.blocks, lanes, fresh))
         if tag is not None:
             sch.annotate(call, "schedule_rule", tag)
     else:
@@ -996,11 +1022,12 @@ def _schedule_row_pairs(sch, conv, choice: PairTile, lanes: int, x_buf) -> None:
     step = _stride(sch.get(conv))
     inner = (ry, c_ko) if choice.blocks > 1 else (c_ko, ry)
     sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
-    _start_accumulators(sch, sch.decompose_reduction(conv, ry), choice, lanes)
+    # AMX: the call sums the whole reduction, so it starts the accumulators itself
+    _start_accumulators(sch, sch.decompose_reduction(conv, ry), choice, lanes, choice.amx)
     if choice.amx:
         kh, pairs = int(sch.get(ry).extent), int(sch.get(rp).extent)
         sch.tensorize(ry, amx_rows_intrinsic(choice.tile, step, pairs, kh, choice.blocks,
-                                             lanes))
+                                             lanes, fresh=True))
     else:  # the lanes innermost
         sch.reorder(rp, rt, c_ow, c_kb)
     if x_buf is not None:

@@ -81,6 +81,14 @@ def test_amx_kernel_ir():
     # one loop over the input blocks and the kernel's taps, its row and column counted along
     assert "%steps = mul i32 %khw, %chunks" in ir and "%tx1 = select" in ir
     assert "i16 32" in amx_kernel_ir(7, lanes=8)  # 8 float32 lanes: 32-byte rows
+    # fresh: a call that is its tile's whole reduction starts the accumulators at 0 (tilezero)
+    # rather than loading them; it stores them as the other does
+    fresh = amx_kernel_ir(14, blocks=2, fresh=True)
+    assert "define internal void @tb_amx_fresh_t14_b2_l16(" in fresh
+    assert fresh.count("call x86_amx @llvm.x86.tilezero.internal(i16 14, i16 64)") == 2
+    assert fresh.count("call x86_amx @llvm.x86.tileloadd64.internal") == 1 + 2
+    assert fresh.count("call void @llvm.x86.tilestored64.internal") == 2
+    assert "@tb_amx_fresh_t14_b2_l16.asked" in fresh
     with pytest.raises(ValueError, match=r"^tile, blocks: expected at most 16 rows and 3 "
                                          r"blocks, got 17, 1$"):
         amx_kernel_ir(AMX_MAX_ROWS + 1)
@@ -100,10 +108,13 @@ def test_amx_zero_kernel_ir():
     assert ir.count("call void @llvm.x86.tilestored64.internal(i16 14, i16 64") == 3
     assert "@syscall(i64 158, i64 4131, i64 18)" in ir and "@tb_amx_zero_t14_b3_l16.asked" in ir
     assert "i16 32" in amx_zero_kernel_ir(7, lanes=8)
-    # a tuning record's trace names the intrinsic: registered when the record is read
-    name = "topi_bn.amx_zero_b2_t14_l16"
-    assert register_intrinsics_named_in(f'["Tensorize", "{name}"]') == [name]
-    assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+    # a tuning record's trace names the intrinsic: registered when the record is read (the
+    # deferred one, whose call is empty, too)
+    names = ["topi_bn.amx_zero_b2_t14_l16", "topi_bn.amx_zero_b2_t14_l16_deferred"]
+    assert register_intrinsics_named_in(
+        "".join(f'["Tensorize", "{n}"]' for n in names)) == names
+    for name in names:
+        assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
 
 
 def test_amx_tiles_and_candidates():
@@ -205,8 +216,10 @@ def test_which_records_apply():
     assert intrinsic_runs_on(vdp, spr) and not intrinsic_runs_on(amx, zen)
     # a record's AMX intrinsics are registered from their names (replayed in a fresh process)
     taps = "topi_bn.amx_b1_t7_l16_s2_c16_r8_k3x3"
-    assert register_intrinsics_named_in(f'["Tensorize", "{amx}", "{taps}"]') == [amx, taps]
-    for name in (amx, taps):
+    fresh = taps + "_fresh"
+    assert register_intrinsics_named_in(f'["Tensorize", "{amx}", "{taps}", "{fresh}"]') == \
+        [amx, taps, fresh]
+    for name in (amx, taps, fresh):
         assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
     with pytest.raises(ValueError, match=r"^taps: a call sums the taps of kernels with both "):
         amx_intrinsic(14, 1, 16, chunks=4, taps=(1, 3))
@@ -214,7 +227,7 @@ def test_which_records_apply():
 
 def _calls(mod) -> list[str]:
     """The AMX intrinsics' micro-kernel calls in a scheduled module, with their arguments."""
-    return re.findall(r'T\.call_extern\("void", "tb_amx_t\d\w*".*', mod.script())
+    return re.findall(r'T\.call_extern\("void", "tb_amx_(?:fresh_)?t\d\w*".*', mod.script())
 
 
 @pytest.mark.parametrize("case,taps", [
@@ -243,6 +256,23 @@ def test_one_call_sums_the_taps(rng, case, taps):
     assert args == (str(chunks), *(str(t) for t in taps or (1, 1))), call
     # the reduction per tdpbf16ps: the pairs of a block (the argument after the input step)
     assert re.search(rf"{cast}, {(block + 1) // 2}, {cast}", call), call
+    # the call is the tile's whole reduction: it starts the accumulators at 0 itself (no zero
+    # stored by the init and loaded back)
+    assert '"tb_amx_fresh_t' in call and "tb_amx_zero" not in mod.script(), call
+
+
+def test_taps_outside_the_call_keep_the_stored_zero():
+    """A dilated 3x3 conv's taps are separate calls on the same accumulators: the first must
+    not start at 0 by itself, so its tile starts from the zero the init call stores."""
+    bn = [te.placeholder((32,), "float32", name=n) for n in ("gamma", "beta", "mean", "var")]
+    data = te.placeholder((1, 4, 14, 14, 16), BF16, name="data")
+    w = te.placeholder((2, 4, 3, 3, 8, 16, 2), BF16, name="weight")
+    out = conv2d_bn_act_dpbf16_nchwc(data, w, *bn, padding=2, dilation=2)
+    mod = apply_default_schedules(
+        tvm.IRModule({"main": te.create_prim_func([data, w, *bn, out])}), _spr())
+    script = mod.script()
+    assert _calls(mod) and not [c for c in _calls(mod) if "tb_amx_fresh" in c]
+    assert '"tb_amx_zero_t14_b2_l16"' in script
 
 
 CASES = [

@@ -129,7 +129,7 @@ def test_which_convs_take_row_pairs():
 
 
 def _calls(mod) -> list[str]:
-    return re.findall(r'T\.call_extern\("void", "tb_amx_t\d\w*".*', mod.script())
+    return re.findall(r'T\.call_extern\("void", "tb_amx_(?:fresh_)?t\d\w*".*', mod.script())
 
 
 def test_amx_one_call_per_output_tile(rng):
@@ -142,11 +142,17 @@ def test_amx_one_call_per_output_tile(rng):
                                   _target("sapphirerapids"))
     (call,) = _calls(mod)
     assert re.search(r", 6, 11, T\.Cast\(.*, 1, 0, 0, 7, 1, ", call), call
+    # the call is the tile's whole reduction: it starts its accumulators at 0 itself, no zero
+    # stored and loaded back
+    assert '"tb_amx_fresh_t10_b2_l16"' in call and "tb_amx_zero" not in mod.script()
     asm = tvm.compile(mod, target=_target("sapphirerapids")).mod.inspect_source("asm")
     assert "tdpbf16ps" in asm and "vdpbf16ps" not in asm
     name = "topi_bn.amx_rows_b2_t10_l16_s6_p11_h7"
-    assert register_intrinsics_named_in(f'["Tensorize", "{name}"]') == [name]
-    assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+    names = [name, name + "_fresh"]
+    assert register_intrinsics_named_in(
+        "".join(f'["Tensorize", "{n}"]' for n in names)) == names
+    for n in names:
+        assert tvm.s_tir.TensorIntrin.get(n, allow_missing=True) is not None
 
 
 @pytest.mark.parametrize("case", [c for c, _ in CASES], ids=[i for _, i in CASES])
