@@ -17,8 +17,8 @@ from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
-    AMX_MAX_BLOCKS, AMX_MAX_ROWS, PairTile, amx_default_blocks, amx_dpbf16, amx_intrinsic,
-    amx_kernel_ir, amx_pair_block, amx_zero_kernel_ir, intrinsic_applies_to,
+    AMX_MAX_BLOCKS, AMX_MAX_ROWS, AMX_TASK_ROWS, PairTile, amx_default_blocks, amx_dpbf16,
+    amx_intrinsic, amx_kernel_ir, amx_pair_block, amx_zero_kernel_ir, intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
 from topi_bn.schedules.helpers import cpu_params
@@ -259,6 +259,19 @@ def test_one_call_sums_the_taps(rng, case, taps):
     # the call is the tile's whole reduction: it starts the accumulators at 0 itself (no zero
     # stored by the init and loaded back)
     assert '"tb_amx_fresh_t' in call and "tb_amx_zero" not in mod.script(), call
+
+
+@pytest.mark.parametrize("hw,tasks", [(14, 7), (7, 7)])
+def test_amx_tasks_take_two_rows(rng, hw, tasks):
+    """An AMX conv's parallel task covers AMX_TASK_ROWS (2) output rows where they divide its
+    rows (its tile configuration and accumulator buffer once per task), else one row: 14 rows
+    (2 output blocks, one tile's worth) are 7 tasks, and so are 7."""
+    assert AMX_TASK_ROWS == 2
+    ph, out, _, _ = _problem(rng, c=64, hw=hw, k=32, ksz=1)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  _spr())
+    extents = [int(e) for e in re.findall(r"T\.parallel\((?:T\.int64\()?(\d+)", mod.script())]
+    assert extents == [tasks], extents
 
 
 def test_taps_outside_the_call_keep_the_stored_zero():
