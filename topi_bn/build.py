@@ -27,6 +27,7 @@ import tvm
 
 from .dtypes import DTYPES, check_dtype
 from .relax import modes
+from .relax.bf16_rounding import NativeBfloat16Rounding
 from .relax.bfloat16 import to_bfloat16
 from .relax.modes import BN_MODES
 from .relax.params import check_params
@@ -429,5 +430,7 @@ def _schedule_prim_func(func, target, db) -> tuple[tvm.IRModule, bool]:
 
 def _build_prim_func(func, target, db):
     mod, _ = _schedule_prim_func(func, target, db)
-    # int32 indices, as in Relax builds (NarrowKernelIndices)
-    return tvm.compile(modes.NarrowKernelIndices()(mod), target=resolve_target(target))
+    # int32 indices and (AVX512_BF16) bfloat16 rounding in one instruction, as in Relax builds
+    target = resolve_target(target)
+    mod = NativeBfloat16Rounding(target)(modes.NarrowKernelIndices()(mod))
+    return tvm.compile(mod, target=target)

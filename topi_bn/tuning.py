@@ -34,6 +34,7 @@ from typing import Sequence, TextIO
 from . import rpc, workloads as _workloads
 from .checks import check_choice, check_writable_dir, describe
 from .relax import lowering
+from .relax.bf16_rounding import native_bf16_rounding
 from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.cpu_conv_dpbf16 import native_dpbf16
@@ -393,14 +394,16 @@ def build_candidate(mod, target, _params=None):
     """MetaSchedule builder function: MetaSchedule's ``default_build`` without its
     ``import tvm.s_tir.tensor_intrin``, which costs 15-50 s in every fresh builder worker (the
     local builder starts new workers for each batch) and is not needed to compile a schedule,
-    and with int32 indices where they fit, as :func:`topi_bn.build` compiles the kernel."""
+    and with int32 indices where they fit and the bfloat16 rounding of the target, as
+    :func:`topi_bn.build` compiles the kernel."""
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     # int32 indices, as the build compiles the kernel (64-bit index arithmetic made some
     # kernels 2x slower: candidates measured with it were ranked for code no build runs)
-    mod.update_func(mod.get_global_var("main"), lowering.narrow_indices(mod["main"]))
+    main = lowering.narrow_indices(mod["main"])
+    mod.update_func(mod.get_global_var("main"), native_bf16_rounding(main, target))
     return tvm_build(mod, target=target)
 
 

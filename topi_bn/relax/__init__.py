@@ -9,7 +9,8 @@
 - :mod:`.frontends`: ONNX and PyTorch importers that keep the frameworks' batch-norm meaning;
   :mod:`.torch_ops`: the PyTorch operators they convert in place of TVM's converters.
 - :mod:`.bfloat16`: ``dtype="bfloat16"`` builds (bf16 activations and weights, float32
-  arithmetic), after the bn mode and before the blocked layout.
+  arithmetic), after the bn mode and before the blocked layout; :mod:`.bf16_rounding`: their
+  kernels' float32 -> bf16 rounding in one instruction on AVX512_BF16 targets.
 """
 from . import registration
 from .registration import is_registered, register, tvm_lowering, unregister

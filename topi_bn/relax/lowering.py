@@ -6,8 +6,9 @@ the topi-bn registration, then after FuseTIR the tuning records, the default sch
 (:class:`ApplyDefaultSchedules`), the CPU schedules of TVM's own graph ops
 (:class:`ScheduleCpuGraphOps`, with the constant weights of matrix products packed as their
 schedule reads them: :mod:`topi_bn.relax.packing`), the padded inputs of convs written by the
-kernel before them (:mod:`topi_bn.relax.padded`) and int32 indices
-(:class:`NarrowKernelIndices`);
+kernel before them (:mod:`topi_bn.relax.padded`), int32 indices
+(:class:`NarrowKernelIndices`) and, on AVX512_BF16, bfloat16 rounding in one instruction
+(:mod:`topi_bn.relax.bf16_rounding`);
 :func:`lower` compiles a module with it. What the ``bn=`` modes do to a module before it is
 lowered is in :mod:`topi_bn.relax.modes`.
 """
@@ -25,6 +26,7 @@ from topi_bn.schedules.common import block_names, has_topi_bn_blocks
 from ..compute.fast_math import LEGALIZE as FAST_MATH_OPS
 from ..compute.resize import LEGALIZE as RESIZE_OPS
 from ..targets import resolve_target, target_family
+from .bf16_rounding import NativeBfloat16Rounding
 from .blocked import BlockedLayout
 from .packing import MarkConstantParams, PackConstantWeights
 from .padded import PaddedOutputs
@@ -208,7 +210,9 @@ def pipeline(target: Any, database=None, layout: str = "auto",
       the default schedules of every remaining topi-bn PrimFunc, on a CPU the schedules of
       matrix products, pools and elementwise functions (:class:`ScheduleCpuGraphOps`) and
       the padded input of a conv written by the kernel before it
-      (:class:`~topi_bn.relax.padded.PaddedOutputs`), then (GPU) dlight for the rest.
+      (:class:`~topi_bn.relax.padded.PaddedOutputs`), then (GPU) dlight for the rest;
+      last, int32 indices and (AVX512_BF16) the one-instruction bfloat16 rounding
+      (:class:`~topi_bn.relax.bf16_rounding.NativeBfloat16Rounding`).
     """
     target = resolve_target(target)
     check_layout(layout, target)
@@ -244,7 +248,7 @@ def pipeline(target: Any, database=None, layout: str = "auto",
         if ours_too and target_family(target) in ("x86", "arm"):
             ours += [MarkConstantParams(), ScheduleCpuGraphOps(target), PackConstantWeights(),
                      PaddedOutputs()]
-        ours.append(NarrowKernelIndices())
+        ours += [NarrowKernelIndices(), NativeBfloat16Rounding(target)]
         legalize[at:at] = ours
         return (first + list(rp.library_dispatch_passes(target)) + legalize
                 + list(rp.dataflow_lower_passes(target)) + list(rp.finalize_passes(target)))
