@@ -19,9 +19,10 @@ LLVM inlines: one ``vcvtneps2bf16`` per vector of 16, 8 or 4 values); widths oth
 of two up to :data:`MAX_LANES` get the integer rounding in TIR (:func:`integer_rounding`).
 
 Numerics: round to nearest, ties to even, as TVM's rounding (the same bits), except that
-``vcvtneps2bf16`` treats float32 subnormal inputs (magnitude below 2**-126) as zero, as
-PyTorch's and OpenVINO's AVX512_BF16 conversions do, and every NaN becomes a quiet NaN (TVM's
-integer rounding can carry a NaN with low payload bits to infinity).
+``vcvtneps2bf16`` treats float32 subnormal inputs (magnitude below 2**-126) as zero (signed),
+whatever MXCSR says, and every NaN becomes a quiet NaN (TVM's integer rounding can carry a NaN
+with low payload bits to infinity). The integer rounding of the other widths keeps
+subnormals.
 """
 from __future__ import annotations
 
