@@ -524,13 +524,19 @@ def intrinsic_runs_on(name: str, target: Target) -> bool:
     return not name.endswith("_native") or native_dpbf16(target)
 
 
-def intrinsic_applies_to(name: str, target: Target) -> bool:
-    """Whether a tuning record that tensorizes with intrinsic ``name`` applies to ``target``:
-    its micro-kernel runs there (:func:`intrinsic_runs_on`), and it is not a ``vdpbf16ps``
-    tile of several positions on a target with AMX, whose pair convs run AMX tiles instead
-    (such records, tuned on a Zen 5, would replace them)."""
+def intrinsic_applies_to(name: str, target: Target, tuned_on: Target | None = None) -> bool:
+    """Whether a tuning record that tensorizes with intrinsic ``name`` (tuned on ``tuned_on``,
+    when known) applies to ``target``: its micro-kernel runs there (:func:`intrinsic_runs_on`),
+    it is not a ``vdpbf16ps`` tile of several positions on a target with AMX, whose pair convs
+    run AMX tiles instead (such records, tuned on a Zen 5, would replace them), and a
+    ``vdpbf16ps`` tile was timed on vector pipes of the target's width
+    (``CpuParams.datapath_bits``: the Zen 5 records ran 5-7% slower than the defaults on a
+    Zen 4, whose pipes are half as wide)."""
     m = _INTRIN_NAME.fullmatch(name)
     if m and int(m.group(2)) > 1 and amx_dpbf16(target):
+        return False
+    if m and tuned_on is not None and \
+            cpu_params(tuned_on).datapath_bits != cpu_params(target).datapath_bits:
         return False
     return intrinsic_runs_on(name, target)
 

@@ -83,6 +83,13 @@ class CpuParams:
         AMX with bf16 tiles (Intel Sapphire Rapids and later): ``tdpbf16ps`` multiplies a tile
         of up to 16 output positions by 16 output channels over up to 32 input channels in one
         instruction; the pair-packed conv's micro-kernel then keeps its accumulators in tiles.
+    datapath_bits : int
+        Width of the vector execution pipes: 512 on Zen 5 and Intel's AVX-512 cores, 256 on
+        Zen 4 (a 512-bit instruction runs as two 256-bit halves: half the ``vdpbf16ps`` and
+        FMA rate of a Zen 5 per cycle) and with AVX2, 128 with NEON. Register tiles timed at
+        one width are not timed at the other: on a Zen 4 (2026-12-07, ResNet-50 bf16, in
+        turns) the ``vdpbf16ps`` records tuned on a Zen 5 ran 5-7% slower than the default
+        schedules (:func:`~topi_bn.schedules.cpu_conv_dpbf16.intrinsic_applies_to`).
     """
 
     lanes: int
@@ -98,6 +105,7 @@ class CpuParams:
     shared_positions: int = 6
     bf16_dot: bool = False
     amx_bf16: bool = False
+    datapath_bits: int = 256
 
     @property
     def accumulators(self) -> int:
@@ -120,7 +128,9 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
     issue = dict(loads_per_cycle=2.0 if intel else 3.0, embedded_broadcast=True,
                  broadcast_cost=0.0 if intel else 0.5, shared_positions=7 if intel else 6,
                  bf16_dot=has("avx512bf16"),
-                 amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16")) if avx512 else {}
+                 amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16"),
+                 datapath_bits=256 if str(target.attrs.get("mcpu", "")) == "znver4" else 512,
+                 ) if avx512 else {"datapath_bits": 128 if aarch64 else 256}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
 

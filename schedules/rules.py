@@ -303,16 +303,17 @@ def register_record_intrinsics(text: str) -> None:
     cpu_conv_dpbf16.register_intrinsics_named_in(text)
 
 
-def trace_runs_on(trace, target: Target) -> bool:
-    """Whether the code a recorded ``trace`` schedules runs on ``target``: False when it
-    tensorizes with a micro-kernel the target lacks the instructions of (``vdpbf16ps``
-    without AVX512_BF16: a record tuned on a Zen 5 and a build for a Skylake-X share the
-    ``x86-avx512`` log; AMX tiles without AMX), or a ``vdpbf16ps`` register tile where the
-    target's pair convs run AMX tiles (:func:`~.cpu_conv_dpbf16.intrinsic_applies_to`)."""
+def trace_runs_on(trace, target: Target, tuned_on: Target | None = None) -> bool:
+    """Whether the code a recorded ``trace`` (tuned on ``tuned_on``, when known) schedules runs
+    on ``target`` as it was timed: False when it tensorizes with a micro-kernel the target lacks
+    the instructions of (``vdpbf16ps`` without AVX512_BF16: a record tuned on a Zen 5 and a
+    build for a Skylake-X share the ``x86-avx512`` log; AMX tiles without AMX), a ``vdpbf16ps``
+    register tile where the target's pair convs run AMX tiles, or one timed on vector pipes of
+    another width (:func:`~.cpu_conv_dpbf16.intrinsic_applies_to`)."""
     for inst in trace.insts:
         name = str(inst.attrs[0]) if inst.kind.name == "Tensorize" else ""
         if name.startswith((cpu_conv_dpbf16.INTRIN_PREFIX, cpu_conv_dpbf16.AMX_INTRIN_PREFIX)) \
-                and not cpu_conv_dpbf16.intrinsic_applies_to(name, target):
+                and not cpu_conv_dpbf16.intrinsic_applies_to(name, target, tuned_on):
             return False
     return True
 

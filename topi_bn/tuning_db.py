@@ -30,8 +30,9 @@ Which records apply to a build (:func:`load_logs`):
   to Intel's cores, nor the other way: their fastest register tiles differ, and on a Sapphire
   Rapids the Intel default schedules ran most ResNet-50 convs faster than the Zen 5 records); a
   schedule tuned on one AVX-512 CPU is valid code for any other, except one whose micro-kernel
-  inlines ``vdpbf16ps``, which applies only to targets with AVX512_BF16
-  (:func:`topi_bn.schedules.rules.trace_runs_on`); the tensor intrinsics a record's trace
+  inlines ``vdpbf16ps``, which applies only to targets with AVX512_BF16 and vector pipes of
+  the width it was timed on (a Zen 5's records not on a Zen 4:
+  :func:`topi_bn.schedules.rules.trace_runs_on`); the tensor intrinsics a record's trace
   names are registered before it is parsed (parsing replays the trace);
 - failed measurements (MetaSchedule's 1e10 s) are dropped;
 - several logs: for each workload the records come from the first log, in priority order, that
@@ -59,7 +60,7 @@ from .targets import record_scope, resolve, resolve_target, tuning_log_key
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
     "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
-    "record_applies", "run_time", "build_visible_mod",
+    "record_applies", "tuning_record_applies", "run_time", "build_visible_mod",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -153,6 +154,14 @@ def record_applies(record_target, build_target) -> bool:
         return False
     want = _target_key(build_target)
     return want is not None and _target_key(record_target) == want
+
+
+def tuning_record_applies(rec, build_target) -> bool:
+    """Whether the tuning record ``rec`` applies to a build for ``build_target`` (resolved):
+    its target does (:func:`record_applies`), and so does the code its trace schedules, as it
+    was timed (:func:`~topi_bn.schedules.rules.trace_runs_on`)."""
+    return record_applies(rec.target, build_target) and \
+        trace_runs_on(rec.trace, build_target.target, tuned_on=rec.target)
 
 
 def _read_lines(path: str, strict: bool) -> list[str] | None:
@@ -366,8 +375,7 @@ def _commit_records(out: LoadedLogs, log_dir: str, workload, lines: list[str]) -
         except Exception:  # noqa: BLE001 -- a trace that does not replay on its workload
             bad += 1
             continue
-        if not record_applies(rec.target, out.target) or \
-                not trace_runs_on(rec.trace, out.target.target):
+        if not tuning_record_applies(rec, out.target):
             counts["other_target"] += 1
         elif run_time(rec) >= _FAILED_SECS:
             counts["failed"] += 1

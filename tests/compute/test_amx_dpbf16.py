@@ -214,6 +214,13 @@ def test_which_records_apply():
     assert intrinsic_applies_to(one, spr) and intrinsic_applies_to(one, zen)
     assert intrinsic_applies_to(amx, spr) and not intrinsic_applies_to(amx, zen)
     assert intrinsic_runs_on(vdp, spr) and not intrinsic_runs_on(amx, zen)
+    # a vdpbf16ps tile applies where it was timed on vector pipes of the target's width
+    zen4 = _target("znver4")
+    assert intrinsic_applies_to(vdp, zen4) and intrinsic_applies_to(vdp, zen4, tuned_on=zen4)
+    assert not intrinsic_applies_to(vdp, zen4, tuned_on=zen)
+    assert not intrinsic_applies_to(one, zen, tuned_on=zen4)
+    assert intrinsic_applies_to(vdp, zen, tuned_on=zen)
+    assert intrinsic_applies_to(amx, spr, tuned_on=spr)
     # a record's AMX intrinsics are registered from their names (replayed in a fresh process)
     taps = "topi_bn.amx_b1_t7_l16_s2_c16_r8_k3x3"
     fresh = taps + "_fresh"

@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+import topi_bn
+
 from topi_bn.testing import assert_close, run_workload
 from topi_bn.tuning_db import run_time
 from tuning_helpers import (
@@ -310,6 +312,34 @@ def test_avx512_records_apply_to_the_cores_they_were_tuned_on():
     assert record_applies(spr, resolve_target("x86-avx512"))  # skylake-avx512: Intel
     assert record_applies({"kind": "llvm", "mcpu": "haswell"},
                           resolve_target({"kind": "llvm", "mcpu": "znver3"}))
+
+
+def test_vdpbf16ps_records_apply_to_vector_pipes_of_their_width():
+    """A record whose trace tensorizes with the vdpbf16ps micro-kernel applies where it was
+    timed on vector pipes of the build's width: the shipped bf16 pair-conv records (tuned on a
+    Zen 5, 512-bit pipes) apply to a Zen 5 build, not to a Zen 4 (256-bit pipes, where they ran
+    5-7% slower than the default schedules on ResNet-50), while the float32 records of the same
+    layer apply to both. Schedules only: nothing runs."""
+    from topi_bn.bench import ops
+    from topi_bn.build import schedule_prim_func
+    from topi_bn.schedules.helpers import cpu_params
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import workload_prim_func
+
+    zen5, zen4, spr, avx2, arm = (resolve_target(t) for t in (
+        LOG_TARGETS["x86-avx512"], {"kind": "llvm", "mcpu": "znver4", "num-cores": 2},
+        LOG_TARGETS["x86-avx512@intel"], "x86-avx2", "arm"))
+    assert [cpu_params(t).datapath_bits for t in (zen5, zen4, spr, avx2, arm)] == \
+        [512, 256, 512, 256, 128]
+    wl = topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu.nchw16c")
+    applied = {}
+    for name, t in (("zen5", zen5), ("zen4", zen4)):
+        twin = ops.bf16_twin(topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu"), t)
+        assert twin.op == "conv2d_bn_act_dpbf16_nchwc"
+        applied[name] = [schedule_prim_func(workload_prim_func(w, dtype, t), t,
+                                            tuning_logs="shipped")[1]
+                         for w, dtype in ((twin, "bfloat16"), (wl, "float32"))]
+    assert applied == {"zen5": [True, True], "zen4": [False, True]}
 
 
 @pytest.mark.parametrize("key,name,dtype", SHIPPED)
