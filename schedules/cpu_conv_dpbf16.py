@@ -72,7 +72,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .common import ScheduleRule, inline_consumers, op_blocks
-from .helpers import cpu_params, divisors
+from .helpers import cpu_params, datapath_bits, divisors
 
 __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf16",
            "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
@@ -535,8 +535,7 @@ def intrinsic_applies_to(name: str, target: Target, tuned_on: Target | None = No
     m = _INTRIN_NAME.fullmatch(name)
     if m and int(m.group(2)) > 1 and amx_dpbf16(target):
         return False
-    if m and tuned_on is not None and \
-            cpu_params(tuned_on).datapath_bits != cpu_params(target).datapath_bits:
+    if m and tuned_on is not None and datapath_bits(tuned_on) != datapath_bits(target):
         return False
     return intrinsic_runs_on(name, target)
 

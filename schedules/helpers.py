@@ -24,8 +24,8 @@ from tvm.target import Target, codegen
 from topi_bn.targets import num_cores, vector_bits, vector_lanes, x86_cores
 
 __all__ = [
-    "CpuParams", "cpu_params", "divisors", "largest_divisor", "extent", "loops_under",
-    "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile", "vector_width",
+    "CpuParams", "cpu_params", "datapath_bits", "divisors", "largest_divisor", "extent",
+    "loops_under", "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile", "vector_width",
     "vector_tile", "vector_candidates",
 ]
 
@@ -133,6 +133,18 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
                  ) if avx512 else {"datapath_bits": 128 if aarch64 else 256}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
+
+
+_DATAPATH_BITS: dict[str, int] = {}
+
+
+def datapath_bits(target: Target) -> int:
+    """``cpu_params(target).datapath_bits``, kept per target (the tuning-log loader asks once
+    per record, and :func:`cpu_params` takes most of a millisecond)."""
+    key = str(target)
+    if key not in _DATAPATH_BITS:
+        _DATAPATH_BITS[key] = cpu_params(target).datapath_bits
+    return _DATAPATH_BITS[key]
 
 
 # -- divisors -------------------------------------------------------------------------------------
