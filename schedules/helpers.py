@@ -25,8 +25,8 @@ from topi_bn.targets import num_cores, vector_bits, vector_lanes, x86_cores
 
 __all__ = [
     "CpuParams", "cpu_params", "datapath_bits", "divisors", "largest_divisor", "extent",
-    "loops_under", "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile", "vector_width",
-    "vector_tile", "vector_candidates",
+    "loops_under", "iter_loops", "vectorize_innermost", "channel_position", "knob", "tile",
+    "vector_width", "vector_tile", "vector_candidates",
 ]
 
 
