@@ -39,9 +39,8 @@ from .rpc import parse_tracker
 from .schedules import schedule_function, strip_rules, template_space
 from .schedules.cpu_conv_dpbf16 import native_dpbf16
 from .schedules.rules import rules_for
-from .targets import (record_scope, resolve, resolve_target, target_family, tuning_log_key,
-                      vector_lanes)
-from .tuning_db import build_visible_mod, merge_records, read_manifest
+from .targets import resolve, resolve_target, target_family, tuning_log_key, vector_lanes
+from .tuning_db import build_visible_mod, merge_records, read_manifest, tuning_scope
 
 __all__ = ["SPACES", "DTYPES", "TuneConfig", "TuneResult", "tune", "workload_prim_func",
            "select_workloads", "build_visible_mod", "default_record", "progress_stream",
@@ -325,9 +324,13 @@ def _make_callback(progress: _Progress, workload, label: str, budget: int, dtype
 
 # -- tuning ------------------------------------------------------------------------------------
 def _manifest_key(workload, dtype: str, space: str, target, mod) -> str:
+    """``workload|dtype|space|scope|PrimFunc hash``: trials under this key count as done for
+    ``target``. The scope is :func:`~topi_bn.tuning_db.tuning_scope`: a Zen 5's trials do not
+    count as a Zen 4's (``x86-avx512`` and ``x86-avx512@dp256``), whose builds prefer records
+    timed on their own vector pipes."""
     import tvm_ffi
 
-    return (f"{workload.name}|{dtype}|{space}|{record_scope(target)}|"
+    return (f"{workload.name}|{dtype}|{space}|{tuning_scope(target)}|"
             f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFF:x}")
 
 

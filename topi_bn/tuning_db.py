@@ -34,6 +34,10 @@ Which records apply to a build (:func:`load_logs`):
   the width it was timed on (a Zen 5's records not on a Zen 4:
   :func:`topi_bn.schedules.rules.trace_runs_on`); the tensor intrinsics a record's trace
   names are registered before it is parsed (parsing replays the trace);
+- pipes: of the records of a workload that apply, those timed on vector pipes of the build
+  CPU's width (:func:`tuning_scope`: a Zen 4 runs its 512-bit registers on 256-bit pipes, a
+  Zen 5 on 512-bit ones) are the ones used where there are any (:func:`preferred_records`);
+  a Zen 4 builds on its own records where it has them, else on a Zen 5's;
 - failed measurements (MetaSchedule's 1e10 s) are dropped;
 - several logs: for each workload the records come from the first log, in priority order, that
   has a valid record for it. User logs come before the shipped one, so a user's records win over
@@ -54,13 +58,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from .schedules.helpers import datapath_bits
 from .schedules.rules import register_record_intrinsics, trace_runs_on
-from .targets import record_scope, resolve, resolve_target, tuning_log_key
+from .targets import record_scope, resolve, resolve_target, tuning_log_key, vector_bits
 
 __all__ = [
     "WORKLOAD_FILE", "RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "TuningLogWarning",
     "LoadedLogs", "load_logs", "merge_records", "drop_records", "read_manifest", "log_lock",
-    "record_applies", "tuning_record_applies", "run_time", "build_visible_mod",
+    "record_applies", "tuning_record_applies", "tuning_scope", "preferred_records", "run_time",
+    "build_visible_mod",
 ]
 
 WORKLOAD_FILE = "database_workload.json"
@@ -99,8 +105,9 @@ class LoadedLogs:
         Records that apply to the target (parses them all).
     skipped : dict
         Per log directory, how many records were dropped because an earlier log had the workload
-        (``"shadowed"``), they were for another target (``"other_target"``) or failed
-        (``"failed"``) (parses them all).
+        (``"shadowed"``), they were for another target (``"other_target"``), the workload has
+        records timed on the target's vector pipes and they were not (``"other_pipes"``,
+        :func:`preferred_records`) or they failed (``"failed"``) (parses them all).
     """
 
     database: object
@@ -162,6 +169,29 @@ def tuning_record_applies(rec, build_target) -> bool:
     was timed (:func:`~topi_bn.schedules.rules.trace_runs_on`)."""
     return record_applies(rec.target, build_target) and \
         trace_runs_on(rec.trace, build_target.target, tuned_on=rec.target)
+
+
+def tuning_scope(target) -> str:
+    """Whose timings a record of ``target`` holds: its :func:`~topi_bn.targets.record_scope`,
+    with ``"@dp<bits>"`` appended for a CPU whose vector pipes are narrower than its registers
+    (:attr:`CpuParams.datapath_bits <topi_bn.schedules.helpers.CpuParams>`: Zen 4,
+    ``x86-avx512@dp256``). The resume manifest of ``topi-bn tune`` keys a workload's trials by
+    it, and a build prefers the records of its own (:func:`preferred_records`)."""
+    t = resolve_target(target)
+    scope = record_scope(t)
+    if t.kind.name == "llvm" and datapath_bits(t) < vector_bits(t):
+        scope += f"@dp{datapath_bits(t)}"
+    return scope
+
+
+def preferred_records(records: Sequence, build_target) -> list:
+    """Of one workload's ``records`` that apply to ``build_target``, the ones a build uses:
+    those timed where the build runs (the same :func:`tuning_scope`) if there are any, else all
+    (a Zen 4 takes a Zen 5's records for the kernels it has none of its own for; times measured
+    on different CPUs are never compared)."""
+    want = tuning_scope(build_target)
+    same = [rec for rec in records if tuning_scope(rec.target) == want]
+    return same or list(records)
 
 
 def _read_lines(path: str, strict: bool) -> list[str] | None:
@@ -347,7 +377,7 @@ def _read_logs(log_dirs: Sequence[str], target) -> LoadedLogs:
     out = LoadedLogs(database=ms.database.MemoryDatabase(), sources=list(log_dirs),
                      target=target)
     for log_dir in log_dirs:
-        out.counts[log_dir] = {"shadowed": 0, "other_target": 0, "failed": 0}
+        out.counts[log_dir] = {"shadowed": 0, "other_target": 0, "other_pipes": 0, "failed": 0}
         parsed = _parse_log(log_dir, select=lambda _workload: False)
         if parsed is None:
             continue
@@ -387,6 +417,9 @@ def _commit_records(out: LoadedLogs, log_dir: str, workload, lines: list[str]) -
     db = out.database
     if not usable:
         return
+    preferred = preferred_records(usable, out.target)
+    counts["other_pipes"] += len(usable) - len(preferred)
+    usable = preferred
     if db.has_workload(workload.mod):  # an earlier (higher-priority) log has it
         counts["shadowed"] += len(usable)
         return

@@ -30,7 +30,7 @@ from .checks import check_choice
 from .targets import resolve, target_family, tuning_log_key
 from .tuning import (DTYPES, build_visible_mod, progress_stream, select_workloads,
                      workload_prim_func)
-from .tuning_db import drop_records, load_logs, run_time, tuning_record_applies
+from .tuning_db import drop_records, load_logs, run_time, tuning_record_applies, tuning_scope
 from .turns import in_turns
 
 __all__ = ["VerifyResult", "verify_log", "interleaved_us", "run_device"]
@@ -166,14 +166,16 @@ def verify_workload(workload, log_dir: str, target, dtype: str = "float32", roun
         # every searched record that the log ranks with the default or above it: a searched
         # record whose time ties the default's (both failed to run under load: the runner's
         # error time) must not stay first
-        # (only records that apply to this target: AMD's and Intel's share a log, record_scope,
-        # and a Zen 5's vdpbf16ps tiles do not apply to a Zen 4, trace_runs_on)
+        # (only records a build for this target uses: AMD's and Intel's share a log,
+        # record_scope, a Zen 5's vdpbf16ps tiles do not apply to a Zen 4, trace_runs_on, and
+        # where a Zen 4 has records of its own, a Zen 5's are not its, preferred_records)
         bar = run_time(defaults[0]) if defaults else float("inf")
         resolved = resolve(target)
+        scopes = {tuning_scope(rec.target) for rec in records}
         result.dropped = drop_records(
             log_dir, mod,
             lambda rec: tuning_record_applies(rec, resolved) and run_time(rec) <= bar
-            and not _replays_to(rec, mod, default_mod))
+            and tuning_scope(rec.target) in scopes and not _replays_to(rec, mod, default_mod))
         result.status = "pruned"
     return result
 

@@ -314,32 +314,83 @@ def test_avx512_records_apply_to_the_cores_they_were_tuned_on():
                           resolve_target({"kind": "llvm", "mcpu": "znver3"}))
 
 
+def _shipped_records(workload, dtype, build_target) -> list:
+    """The shipped log's records of ``workload`` that a build for ``build_target`` uses."""
+    from topi_bn.build import shipped_log_dir
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import load_logs
+
+    mod = build_visible_mod(workload_prim_func(workload, dtype, build_target))
+    loaded = load_logs([shipped_log_dir(build_target)], build_target)
+    loaded.prepare(mod)
+    db = loaded.database
+    return list(db.get_top_k(db.commit_workload(mod), 1 << 30)) if db.has_workload(mod) else []
+
+
 def test_vdpbf16ps_records_apply_to_vector_pipes_of_their_width():
     """A record whose trace tensorizes with the vdpbf16ps micro-kernel applies where it was
-    timed on vector pipes of the build's width: the shipped bf16 pair-conv records (tuned on a
-    Zen 5, 512-bit pipes) apply to a Zen 5 build, not to a Zen 4 (256-bit pipes, where they ran
+    timed on vector pipes of the build's width: the shipped bf16 pair-conv records tuned on a
+    Zen 5 (512-bit pipes) apply to a Zen 5 build, not to a Zen 4 (256-bit pipes, where they ran
     5-7% slower than the default schedules on ResNet-50), while the float32 records of the same
     layer apply to both. Schedules only: nothing runs."""
     from topi_bn.bench import ops
-    from topi_bn.build import schedule_prim_func
     from topi_bn.schedules.helpers import cpu_params
-    from topi_bn.targets import resolve_target
-    from topi_bn.tuning import workload_prim_func
+    from topi_bn.targets import resolve
+    from topi_bn.tuning_db import tuning_record_applies
 
-    zen5, zen4, spr, avx2, arm = (resolve_target(t) for t in (
+    zen5, zen4, spr, avx2, arm = (resolve(t) for t in (
         LOG_TARGETS["x86-avx512"], {"kind": "llvm", "mcpu": "znver4", "num-cores": 2},
         LOG_TARGETS["x86-avx512@intel"], "x86-avx2", "arm"))
-    assert [cpu_params(t).datapath_bits for t in (zen5, zen4, spr, avx2, arm)] == \
+    assert [cpu_params(t.target).datapath_bits for t in (zen5, zen4, spr, avx2, arm)] == \
         [512, 256, 512, 256, 128]
     wl = topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu.nchw16c")
-    applied = {}
-    for name, t in (("zen5", zen5), ("zen4", zen4)):
-        twin = ops.bf16_twin(topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu"), t)
-        assert twin.op == "conv2d_bn_act_dpbf16_nchwc"
-        applied[name] = [schedule_prim_func(workload_prim_func(w, dtype, t), t,
-                                            tuning_logs="shipped")[1]
-                         for w, dtype in ((twin, "bfloat16"), (wl, "float32"))]
-    assert applied == {"zen5": [True, True], "zen4": [False, True]}
+    twin = ops.bf16_twin(topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu"), zen5)
+    assert twin.op == "conv2d_bn_act_dpbf16_nchwc" and twin == ops.bf16_twin(
+        topi_bn.workloads.get("resnet50.conv1x1_256_64_56_s1_relu"), zen4)
+    applies = {}
+    for w, dtype in ((twin, "bfloat16"), (wl, "float32")):
+        recs = _shipped_records(w, dtype, zen5)
+        assert recs and {str(r.target.attrs["mcpu"]) for r in recs} == {"znver5"}
+        applies[dtype] = [{tuning_record_applies(r, t) for r in recs} for t in (zen5, zen4)]
+    assert applies == {"bfloat16": [{True}, {False}], "float32": [{True}, {True}]}
+
+
+def test_a_build_prefers_records_timed_on_its_own_vector_pipes(tmp_path):
+    """Of a workload's records that apply, a build uses those timed on vector pipes of its
+    CPU's width where there are any (tuning_scope; a Zen 4 runs its 512-bit registers on
+    256-bit pipes): a Zen 4 build takes a Zen 4 record over a Zen 5's, however much faster
+    the Zen 5 timed its own, a Zen 5 build the Zen 5's, and a Zen 4 without a record of its own
+    the Zen 5's. Schedules only: nothing runs."""
+    from types import SimpleNamespace
+
+    from topi_bn.targets import resolve_target
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+    from topi_bn.tuning_db import load_logs, merge_records, tuning_scope
+
+    zen5, zen4 = (resolve_target(t) for t in (
+        LOG_TARGETS["x86-avx512"], {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
+    assert [tuning_scope(t) for t in (zen5, zen4, LOG_TARGETS["x86-avx512@intel"], "x86-avx2",
+                                      "arm")] == \
+        ["x86-avx512", "x86-avx512@dp256", "x86-avx512@intel", "x86-avx2", "arm-neon"]
+    name = "resnet50.conv1x1_256_64_56_s1_relu.nchw16c"
+    mod = build_visible_mod(workload_prim_func(name, "float32", zen5))
+    rec5 = _shipped_records(topi_bn.workloads.get(name), "float32", zen5)[0]
+
+    def best_mcpu(t):
+        loaded = load_logs([log], t)
+        loaded.prepare(mod)
+        db = loaded.database
+        return str(db.get_top_k(db.commit_workload(mod), 1)[0].target.attrs["mcpu"])
+
+    log = str(tmp_path / "log")
+    merge_records(log, mod, [rec5])
+    assert [best_mcpu(zen4), best_mcpu(zen5)] == ["znver5", "znver5"]
+    rec4 = SimpleNamespace(trace=rec5.trace, run_secs=[2.0 * run_time(rec5)], target=zen4,
+                           args_info=rec5.args_info)
+    merge_records(log, mod, [rec4])
+    assert [best_mcpu(zen4), best_mcpu(zen5)] == ["znver4", "znver5"]
+    assert load_logs([log], zen4).skipped[log]["other_pipes"] == 1
+    assert load_logs([log], zen5).skipped[log]["other_pipes"] == 1
 
 
 @pytest.mark.parametrize("key,name,dtype", SHIPPED)

@@ -165,6 +165,25 @@ def test_resume_counts_per_space(tmp_path):
     assert auto_key != key and auto_key.replace("|auto|", "|template|") == key
 
 
+def test_resume_keeps_zen4_trials_apart_from_zen5():
+    """Trials on a Zen 5 (512-bit vector pipes) do not count as done on a Zen 4 (256-bit pipes
+    under 512-bit registers), whose builds prefer records timed on their own pipes and where a
+    Zen 5's vdpbf16ps records do not apply (tuning_scope); Intel's and AVX2's keys are as
+    before."""
+    from topi_bn import tuning, workloads
+
+    w = workloads.get("resnet50.conv1x1_256_64_56_s1_relu.nchw16c")
+
+    def scope(mcpu, dtype):
+        t = tuning.resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+        mod = tuning.build_visible_mod(tuning.workload_prim_func(w, dtype, t))
+        return tuning._manifest_key(w, dtype, "template", t, mod).split("|")[3]
+
+    for dtype in ("float32", "bfloat16"):
+        assert [scope(m, dtype) for m in ("znver4", "znver5", "sapphirerapids", "haswell")] == \
+            ["x86-avx512@dp256", "x86-avx512", "x86-avx512@intel", "x86-avx2"]
+
+
 @pytest.mark.requires("avx2")
 def test_a_kernel_under_another_name_is_tuned_once(tmp_path):
     """Two networks' identical layers (ResNet-18's stem is ResNet-50's) are one kernel: trials
