@@ -68,8 +68,9 @@ class ScheduleRule:
         on one of TVM's own ops (a pool, the classifier's product), which instead is offered
         every PrimFunc without topi-bn blocks and matches it by analysis.
     after_ops : bool
-        A rule without ``ops`` that is also offered each topi-bn function of an untuned build
-        once its ops are scheduled (the elementwise blocks their epilogues did not absorb).
+        A rule without ``ops`` that is also offered each topi-bn function once its ops are
+        scheduled (the elementwise blocks their epilogues did not absorb), untuned or as a
+        tuning template (:func:`~topi_bn.schedules.rules.schedule_function`).
 
     A knob that a trace cannot sample (one that names a tensor intrinsic, or picks a loop
     order) is a *variant*: :meth:`variants` lists them, and a tuning template

@@ -169,7 +169,8 @@ def _apply(rule: ScheduleRule, op: str, sch, anchor, target: Target, tunable: bo
 def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
                       func_name: str = "main", variants: dict | None = None) -> bool:
     """Schedule every topi-bn op in ``sch``'s function ``func_name``, in program order, with
-    the rules of ``target``'s table; False when the function has none.
+    the rules of ``target``'s table, then offer the function to the table's ``after_ops``
+    rules; False when the function has none.
 
     With ``tunable=True`` the knobs are ``sample_*`` instructions starting at the defaults (a
     MetaSchedule template); with ``tunable=False`` the defaults (an untuned schedule).
@@ -190,6 +191,11 @@ def schedule_function(sch: tvm.s_tir.Schedule, target: Target, tunable: bool,
         # look the anchor up by name: scheduling an earlier op may have replaced block RVs
         _apply(rule, op, sch, sch.get_sblock(name, func_name), target, tunable,
                (variants or {}).get(name))
+    # then the elementwise blocks the ops' epilogues did not absorb (e.g. a Winograd
+    # product's write-back), in a template and in its tuning record as in an untuned build
+    for rule in rules_for(target):
+        if rule.after_ops:
+            rule.apply(sch, None, target, False)
     return True
 
 
@@ -246,9 +252,6 @@ def _schedule_topi_bn_ops(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
             continue
         sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
         schedule_function(sch, target, tunable=False)
-        for rule in rules_for(target):
-            if rule.after_ops:
-                rule.apply(sch, None, target, False)
         updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     if not updates:
         return mod

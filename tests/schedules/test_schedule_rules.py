@@ -49,6 +49,29 @@ def test_templates_start_at_the_untuned_schedule(target):
         tvm.ir.assert_structural_equal(tuned.mod, untuned.mod)
 
 
+@pytest.mark.parametrize("name,dtype", [
+    ("resnet50.conv3x3_128_128_28_s1_relu.nchw16c.winograd4", "float32"),
+    ("resnet50.conv1x1_64_256_56_s1_relu_res.nchw16c", "float32"),
+    ("resnet50.conv1x1_64_64_56_s1_relu.nchw16c.dpbf16", "bfloat16"),
+    ("smoke.layer_norm_16x64", "float32")])
+def test_templates_and_default_records_schedule_as_an_untuned_build(name, dtype):
+    """A tuning template at its initial decisions, and the default schedule the tuner times
+    as a record (both :func:`rules.schedule_function`), are the function an untuned build
+    compiles (:func:`rules.apply_default_schedules`), the leftover elementwise blocks
+    included: a Winograd product's write-back, which only untuned builds inlined, stayed in
+    every Winograd record, and the verifier never found the default among them. Schedules
+    only: nothing runs."""
+    from topi_bn.tuning import build_visible_mod, workload_prim_func
+
+    tgt = resolve_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+    mod = build_visible_mod(workload_prim_func(name, dtype, tgt))
+    built = rules.apply_default_schedules(mod, tgt)["main"].without_attr("tirx.is_scheduled")
+    for tunable in (False, True):
+        sch = tvm.s_tir.Schedule(mod)
+        assert rules.schedule_function(sch, tgt, tunable=tunable)
+        tvm.ir.assert_structural_equal(sch.mod["main"], built)
+
+
 def _relative_imports(path: pathlib.Path) -> list[tuple[str, list[str]]]:
     """``(module, names)`` of each import of another module of the package in ``path``."""
     out = []
