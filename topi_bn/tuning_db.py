@@ -171,17 +171,24 @@ def tuning_record_applies(rec, build_target) -> bool:
         trace_runs_on(rec.trace, build_target.target, tuned_on=rec.target)
 
 
+_TUNING_SCOPES: dict[str, str] = {}
+
+
 def tuning_scope(target) -> str:
     """Whose timings a record of ``target`` holds: its :func:`~topi_bn.targets.record_scope`,
     with ``"@dp<bits>"`` appended for a CPU whose vector pipes are narrower than its registers
     (:attr:`CpuParams.datapath_bits <topi_bn.schedules.helpers.CpuParams>`: Zen 4,
     ``x86-avx512@dp256``). The resume manifest of ``topi-bn tune`` keys a workload's trials by
-    it, and a build prefers the records of its own (:func:`preferred_records`)."""
+    it, and a build prefers the records of its own (:func:`preferred_records`). Kept per
+    target (the log loader asks once per record; working it out takes about 0.6 ms)."""
     t = resolve_target(target)
-    scope = record_scope(t)
-    if t.kind.name == "llvm" and datapath_bits(t) < vector_bits(t):
-        scope += f"@dp{datapath_bits(t)}"
-    return scope
+    key = str(t)
+    if key not in _TUNING_SCOPES:
+        scope = record_scope(t)
+        if t.kind.name == "llvm" and datapath_bits(t) < vector_bits(t):
+            scope += f"@dp{datapath_bits(t)}"
+        _TUNING_SCOPES[key] = scope
+    return _TUNING_SCOPES[key]
 
 
 def preferred_records(records: Sequence, build_target) -> list:
