@@ -90,6 +90,16 @@ class CpuParams:
         one width are not timed at the other: on a Zen 4 (2026-12-07, ResNet-50 bf16, in
         turns) the ``vdpbf16ps`` records tuned on a Zen 5 ran 5-7% slower than the default
         schedules (:func:`~topi_bn.schedules.cpu_conv_dpbf16.intrinsic_applies_to`).
+    pair_winograd_min_side : int
+        Smallest map side on which a bf16 3x3 stride-1 conv that the ``vdpbf16ps`` pair kernel
+        takes runs Winograd with 2x2 tiles and ``vdpbf16ps`` products instead (the graph pass,
+        :mod:`topi_bn.relax.blocked`). 8 on 512-bit pipes: on a Zen 5 the 7x7 maps'
+        transformed weight (16/9 the direct one's bytes) comes from memory, and ResNet-50 bf16
+        ran 3% faster with those convs direct (ResNet-18 5% slower). 7 on 256-bit pipes
+        (Zen 4), whose direct kernel runs at half a Zen 5's rate: there the 3x3 512-channel
+        convs at 7x7 took 400-420 us by Winograd against 555-590 direct (2026-12-07, per
+        kernel in turns; ResNet-18 bf16 6.75 -> 6.34 ms, ResNet-50 20.20 -> 19.95), the
+        logits within 1.7e-3 of their range from PyTorch float32 either way.
     """
 
     lanes: int
@@ -106,6 +116,7 @@ class CpuParams:
     bf16_dot: bool = False
     amx_bf16: bool = False
     datapath_bits: int = 256
+    pair_winograd_min_side: int = 8
 
     @property
     def accumulators(self) -> int:
@@ -125,11 +136,12 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
             list(features), target))
 
     intel = avx512 and x86_cores(target) == "intel"
+    zen4 = str(target.attrs.get("mcpu", "")) == "znver4"
     issue = dict(loads_per_cycle=2.0 if intel else 3.0, embedded_broadcast=True,
                  broadcast_cost=0.0 if intel else 0.5, shared_positions=7 if intel else 6,
                  bf16_dot=has("avx512bf16"),
                  amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16"),
-                 datapath_bits=256 if str(target.attrs.get("mcpu", "")) == "znver4" else 512,
+                 datapath_bits=256 if zen4 else 512, pair_winograd_min_side=7 if zen4 else 8,
                  ) if avx512 else {"datapath_bits": 128 if aarch64 else 256}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)

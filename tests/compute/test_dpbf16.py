@@ -244,8 +244,9 @@ def test_refuses_float32_and_odd_blocks():
 torch = pytest.importorskip("torch")
 
 
-def _half_resnet18():
-    """A half-width ResNet-18 (32x32 input) imported through torch.export."""
+def _half_resnet18(side: int = 32):
+    """A half-width ResNet-18 (``side`` x ``side`` input: 32 makes its stages' maps 8, 4, 2
+    and 1) imported through torch.export."""
     from topi_bn.testing.models import randomize_bn, resnet18
 
     torch.manual_seed(0)
@@ -253,7 +254,8 @@ def _half_resnet18():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return topi_bn.from_exported_program(
-            torch.export.export(net, (torch.randn(1, 3, 32, 32),)), keep_buffer_updates=False)
+            torch.export.export(net, (torch.randn(1, 3, side, side),)),
+            keep_buffer_updates=False)
 
 
 def _moded_net():
@@ -272,7 +274,7 @@ def _kernels(mod):
 def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     """bf16 builds for AVX512_BF16 targets run their groups-1 convs with 16-channel output
     blocks on the pair kernel: the 3x3 stride-1 convs on maps of at least
-    PAIR_WINOGRAD_MIN_SIDE (this net's 8x8 ones) by Winograd whose products are the pair
+    the target's pair_winograd_min_side (this net's 8x8 ones) by Winograd whose products are the pair
     kernel's (weight in bf16 pairs), the others direct (Winograd's bf16 form with a float32
     weight multiplies in float32); no other build does, and a bf16 build without AVX512_BF16
     keeps that float32-weight Winograd."""
@@ -297,6 +299,22 @@ def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
         # topi_bn/relax/taps.py)
         assert {side for side, _ in calls} == {8, 4, 2}, calls
         assert {w[1:] for _, w in calls} == {(6, "float32")}, calls
+
+
+@pytest.mark.parametrize("mcpu,sides", [("znver4", {7}), ("znver5", set())])
+def test_pair_winograd_takes_7x7_maps_where_the_pipes_are_256_bits(mcpu, sides):
+    """On a Zen 4 (256-bit pipes: the direct pair kernel at half a Zen 5's rate) the 3x3
+    stride-1 convs of 7x7 maps run Winograd with vdpbf16ps products, on a Zen 5 direct
+    (CpuParams.pair_winograd_min_side 7 and 8): a 28x28 input makes this net's first stage
+    7x7."""
+    from topi_bn.relax.bfloat16 import to_bfloat16
+    from topi_bn.relax.blocked import pair_winograd_min_side, to_blocked_layout
+
+    assert pair_winograd_min_side(_target(mcpu)) == (7 if sides else 8)
+    mod = to_bfloat16(topi_bn.apply_bn_mode(_half_resnet18(side=28), "fused"))
+    calls = _winograd_calls(to_blocked_layout(mod, _target(mcpu)))
+    assert {side for side, _ in calls} == sides, calls
+    assert {w for _, w in calls} <= {(4, 7, "bfloat16")}, calls
 
 
 def _winograd_calls(mod):

@@ -19,7 +19,8 @@ function:
   is made with ``winograd=False``. A bfloat16 conv on a target with AVX512_BF16 runs the
   ``vdpbf16ps`` pair kernel (:data:`DPBF16_COMPUTES`, the weight packed in input-channel pairs,
   :func:`topi_bn.layouts.pack_weight_pairs`); if it is such a Winograd conv on a map of at
-  least :data:`PAIR_WINOGRAD_MIN_SIDE`, Winograd with 2x2 tiles whose products are
+  least the target's ``pair_winograd_min_side`` (:func:`pair_winograd_min_side`: 8, 7 on a
+  Zen 4), Winograd with 2x2 tiles whose products are
   ``vdpbf16ps`` (the transformed weight rounded to bfloat16 once and paired,
   :func:`topi_bn.layouts.winograd_weight_pairs`), except on targets with AMX, where the pair
   kernel's AMX tiles run it direct in less time (:func:`amx_tiles`); on those targets a conv
@@ -65,6 +66,7 @@ from tvm.ir.expr import Constant
 
 from topi_bn.schedules.cpu_conv_dpbf16 import amx_pair_block, row_pairs_apply
 from topi_bn.schedules.cpu_conv_winograd import pair_tile_block, winograd_tile_block
+from topi_bn.schedules.helpers import cpu_params
 from ..compute import (
     conv2d_bn_act_dpbf16_nchwc, conv2d_bn_act_nchwc, conv2d_bn_act_winograd_nchwc,
     conv2d_shift_act_dpbf16_nchwc, conv2d_shift_act_nchwc, conv2d_shift_act_winograd_nchwc,
@@ -112,12 +114,6 @@ WINOGRAD_MIN_CHANNELS = 32
 #: 2x2 tiles are more accurate and their transformed weight is 16/36 the size)
 WINOGRAD_TILE4_MIN_SIDE = 16
 
-#: smallest map side on which a bf16 conv that the pair kernel takes (:data:`DPBF16_COMPUTES`)
-#: runs Winograd with 2x2 tiles and vdpbf16ps products instead. On 7x7 maps it did not pay on
-#: a Zen 5 (its transformed weight, 16/9 the direct one's bytes, comes from memory: ResNet-50
-#: bf16 ran 3% faster with those layers direct, ResNet-18 5% slower), and the direct kernel
-#: there keeps ResNet-18's logits at 2.5e-3 of their range from float64 (2.9e-3 with Winograd)
-PAIR_WINOGRAD_MIN_SIDE = 8
 
 _UNARY = frozenset({
     "relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.silu",
@@ -380,6 +376,14 @@ def amx_tiles(target) -> bool:
     return amx_dpbf16(resolve_target(target))
 
 
+def pair_winograd_min_side(target) -> int:
+    """Smallest map side on which a bf16 3x3 stride-1 conv that the pair kernel takes runs
+    Winograd with 2x2 tiles and ``vdpbf16ps`` products rather than direct, for ``target`` (read
+    from the target: :attr:`CpuParams.pair_winograd_min_side
+    <topi_bn.schedules.helpers.CpuParams>`, 7 on a Zen 4's 256-bit pipes, else 8)."""
+    return cpu_params(resolve_target(target)).pair_winograd_min_side
+
+
 def winograd_tiles(data_shape, tile: int) -> int:
     """Output tiles of a "same" 3x3 conv on NCHW data of ``data_shape``: N * ceil(H/m) *
     ceil(W/m)."""
@@ -495,8 +499,8 @@ class _ToBlocked(relax.PyExprMutator):
             and dpbf16_applies(self.target, _dtype(t["weight"]), options.get("groups", 1),
                                spec.in_block, spec.out_block)
         tile = None if self.winograd_target is None else _winograd_tile(spec, t["weight"])
-        if pairs and tile is not None and (amx_tiles(self.target)
-                                           or min(_shape(t["data"])[2:]) < PAIR_WINOGRAD_MIN_SIDE):
+        if pairs and tile is not None and (amx_tiles(self.target) or min(_shape(t["data"])[2:])
+                                           < pair_winograd_min_side(self.target)):
             tile = None
         if tile is not None:
             compute = WINOGRAD_COMPUTES[compute]
