@@ -124,10 +124,22 @@ class CpuParams:
         return self.vector_registers - max(4, self.vector_registers // 8)
 
 
+_CPU_PARAMS: dict[tuple[str, int, int], CpuParams] = {}
+
+
 def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
                l2_bytes: int = 1024 * 1024) -> CpuParams:
     """:class:`CpuParams` of a CPU ``target``; cache sizes are parameters (LLVM targets do not
-    carry them)."""
+    carry them). Kept per target and cache sizes (working them out asks LLVM for the CPU's
+    features: most of a millisecond, and the graph pass and the tuning-log loader ask per conv
+    and per record)."""
+    key = (str(target), l1_bytes, l2_bytes)
+    if key not in _CPU_PARAMS:
+        _CPU_PARAMS[key] = _cpu_params(target, l1_bytes, l2_bytes)
+    return _CPU_PARAMS[key]
+
+
+def _cpu_params(target: Target, l1_bytes: int, l2_bytes: int) -> CpuParams:
     aarch64 = "aarch64" in str(target.attrs.get("mtriple", "")) or "arm_cpu" in set(target.keys)
     avx512 = not aarch64 and vector_bits(target) >= 512
     regs = 32 if aarch64 or avx512 else 16
@@ -136,27 +148,21 @@ def cpu_params(target: Target, l1_bytes: int = 32 * 1024,
             list(features), target))
 
     intel = avx512 and x86_cores(target) == "intel"
-    zen4 = str(target.attrs.get("mcpu", "")) == "znver4"
+    # Zen 4 runs a 512-bit instruction as two 256-bit halves
+    datapath = 256 if str(target.attrs.get("mcpu", "")) == "znver4" else 512
     issue = dict(loads_per_cycle=2.0 if intel else 3.0, embedded_broadcast=True,
                  broadcast_cost=0.0 if intel else 0.5, shared_positions=7 if intel else 6,
                  bf16_dot=has("avx512bf16"),
                  amx_bf16=has("avx512bf16", "amx-tile", "amx-bf16"),
-                 datapath_bits=256 if zen4 else 512, pair_winograd_min_side=7 if zen4 else 8,
+                 datapath_bits=datapath, pair_winograd_min_side=7 if datapath < 512 else 8,
                  ) if avx512 else {"datapath_bits": 128 if aarch64 else 256}
     return CpuParams(lanes=vector_lanes(target, "float32"), cores=num_cores(target),
                      vector_registers=regs, l1_bytes=l1_bytes, l2_bytes=l2_bytes, **issue)
 
 
-_DATAPATH_BITS: dict[str, int] = {}
-
-
 def datapath_bits(target: Target) -> int:
-    """``cpu_params(target).datapath_bits``, kept per target (the tuning-log loader asks once
-    per record, and :func:`cpu_params` takes most of a millisecond)."""
-    key = str(target)
-    if key not in _DATAPATH_BITS:
-        _DATAPATH_BITS[key] = cpu_params(target).datapath_bits
-    return _DATAPATH_BITS[key]
+    """``cpu_params(target).datapath_bits``: the width of ``target``'s vector pipes."""
+    return cpu_params(target).datapath_bits
 
 
 # -- divisors -------------------------------------------------------------------------------------

@@ -273,8 +273,8 @@ def _kernels(mod):
 ])
 def test_graph_pass_picks_it_by_the_targets_features(mcpu, dtype, expected):
     """bf16 builds for AVX512_BF16 targets run their groups-1 convs with 16-channel output
-    blocks on the pair kernel: the 3x3 stride-1 convs on maps of at least
-    the target's pair_winograd_min_side (this net's 8x8 ones) by Winograd whose products are the pair
+    blocks on the pair kernel: the 3x3 stride-1 convs on maps of at least the target's
+    pair_winograd_min_side (this net's 8x8 ones) by Winograd whose products are the pair
     kernel's (weight in bf16 pairs), the others direct (Winograd's bf16 form with a float32
     weight multiplies in float32); no other build does, and a bf16 build without AVX512_BF16
     keeps that float32-weight Winograd."""
