@@ -77,6 +77,7 @@ from .helpers import cpu_params, datapath_bits, divisors
 __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf16",
            "micro_kernel_ir", "kernel_name", "intrin_name", "register_intrinsics_named_in",
            "intrinsic_runs_on", "intrinsic_applies_to", "pair_intrinsic", "INTRIN_PREFIX",
+           "deferred_zero_intrinsic",
            "native_dpbf16", "amx_dpbf16", "amx_kernel_ir", "amx_kernel_name", "amx_intrinsic",
            "amx_intrin_name", "amx_tile", "AMX_INTRIN_PREFIX", "AMX_MAX_BLOCKS", "AMX_MAX_ROWS",
            "AMX_TASK_ROWS",
@@ -123,28 +124,37 @@ def amx_dpbf16(target: Target) -> bool:
     return cpu_params(target).amx_bf16
 
 
-def kernel_name(tile: int, native: bool, blocks: int = 1, lanes: int = LANES) -> str:
+def kernel_name(tile: int, native: bool, blocks: int = 1, lanes: int = LANES,
+                fresh: bool = False, chunked: bool = False) -> str:
     """Name of the micro-kernel of ``blocks`` x ``tile`` register vectors of ``lanes``."""
     return (f"tb_dpbf16_t{tile}" + (f"_b{blocks}" if blocks > 1 else "")
-            + (f"_l{lanes}" if lanes != LANES else "") + ("" if native else "_f32"))
+            + (f"_l{lanes}" if lanes != LANES else "") + ("" if native else "_f32")
+            + ("_chunks" if chunked else "") + ("_fresh" if fresh else ""))
 
 
-def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES) -> str:
+def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES,
+                    fresh: bool = False, chunked: bool = False) -> str:
     """LLVM IR of ``void <kernel_name>(ptr acc, ptr x, ptr w, i32 xstep, i32 pairs, i32 cstep,
     i32 wstep, i32 bstep)``: ``acc[b * bstep + t * cstep + k] += sum_p x[t * xstep + 2p + 1] *
     w[b * wstep + (p * lanes + k) * 2 + 1] + x[t * xstep + 2p] * w[b * wstep + (p * lanes + k)
     * 2]`` for ``b < blocks``, ``t < tile``, ``k < lanes``, ``p < pairs`` (``pairs >= 1``);
     bf16 ``x`` and ``w`` (as ``i16``), float32 ``acc``. ``lanes`` 16 (zmm) or 8 (ymm, for
     8-channel output blocks); the blocks of a tile share each broadcast input pair.
-    ``native``: by ``vdpbf16ps``; else in float32 arithmetic, the same order."""
+    ``native``: by ``vdpbf16ps``; else in float32 arithmetic, the same order. ``fresh``: ``=``
+    in place of ``+=``, the accumulators start at 0 in registers (the call is the only one of
+    its output tile). ``chunked``: three more arguments, ``i32 chunks, i32 xchunk, i32
+    wchunk``, and the sum also over ``i < chunks`` input blocks, ``x`` and ``w`` advanced by
+    ``i * xchunk`` and ``i * wchunk`` elements, the accumulators kept in registers across
+    them."""
     if lanes not in LANE_WIDTHS:
         raise ValueError(f"lanes: expected 8 or 16, got {lanes}")
-    name = kernel_name(tile, native, blocks, lanes)
+    name = kernel_name(tile, native, blocks, lanes, fresh, chunked)
     vf, vb, vi = f"<{lanes} x float>", f"<{2 * lanes} x bfloat>", f"<{2 * lanes} x i16>"
     acc = [(b, t) for b in range(blocks) for t in range(tile)]
     lines = [
         f"define internal void @{name}(ptr noalias %acc, ptr noalias %x, ptr noalias %w, "
-        f"i32 %xstep, i32 %pairs, i32 %cstep, i32 %wstep, i32 %bstep) alwaysinline {{",
+        f"i32 %xstep, i32 %pairs, i32 %cstep, i32 %wstep, i32 %bstep"
+        + (", i32 %chunks, i32 %xchunk, i32 %wchunk" if chunked else "") + ") alwaysinline {",
         "entry:",
     ]
     for b in range(blocks):
@@ -153,15 +163,28 @@ def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES
         lines += [f"  %co{t} = mul i32 %cstep, {t}", f"  %xo{t} = mul i32 %xstep, {t}"]
     for b, t in acc:
         lines += [f"  %ao{b}_{t} = add i32 %bo{b}, %co{t}",
-                  f"  %ap{b}_{t} = getelementptr float, ptr %acc, i32 %ao{b}_{t}",
-                  f"  %a{b}_{t} = load {vf}, ptr %ap{b}_{t}, align 4"]
-    lines += ["  br label %loop", "loop:", "  %p = phi i32 [0, %entry], [%p1, %loop]"]
+                  f"  %ap{b}_{t} = getelementptr float, ptr %acc, i32 %ao{b}_{t}"]
+        if not fresh:
+            lines.append(f"  %a{b}_{t} = load {vf}, ptr %ap{b}_{t}, align 4")
+    # the pair loop, inside a loop over the input blocks where chunked: its pointers, the block
+    # that enters it, the one it leaves to
+    x, w, enter, leave = ("%xq", "%wq", "outer", "next") if chunked else ("%x", "%w", "entry",
+                                                                          "done")
+    if chunked:
+        lines += ["  br label %outer", "outer:", "  %i = phi i32 [0, %entry], [%i1, %next]"]
+        for b, t in acc:
+            start = "zeroinitializer" if fresh else f"%a{b}_{t}"
+            lines.append(f"  %o{b}_{t} = phi {vf} [{start}, %entry], [%n{b}_{t}, %next]")
+        lines += ["  %xio = mul i32 %i, %xchunk", "  %xq = getelementptr i16, ptr %x, i32 %xio",
+                  "  %wio = mul i32 %i, %wchunk", "  %wq = getelementptr i16, ptr %w, i32 %wio"]
+    lines += ["  br label %loop", "loop:", f"  %p = phi i32 [0, %{enter}], [%p1, %loop]"]
     for b, t in acc:
-        lines.append(f"  %c{b}_{t} = phi {vf} [%a{b}_{t}, %entry], [%n{b}_{t}, %loop]")
+        start = f"%o{b}_{t}" if chunked else "zeroinitializer" if fresh else f"%a{b}_{t}"
+        lines.append(f"  %c{b}_{t} = phi {vf} [{start}, %{enter}], [%n{b}_{t}, %loop]")
     lines += [f"  %wo = mul i32 %p, {2 * lanes}", "  %x2 = mul i32 %p, 2"]
     for b in range(blocks):
         lines += [f"  %wi{b} = add i32 %wo, %wb{b}",
-                  f"  %wp{b} = getelementptr i16, ptr %w, i32 %wi{b}"]
+                  f"  %wp{b} = getelementptr i16, ptr {w}, i32 %wi{b}"]
         if native:
             lines.append(f"  %wv{b} = load {vb}, ptr %wp{b}, align 2")
             continue
@@ -180,7 +203,7 @@ def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES
     ty = "float" if native else "i32"
     for t in range(tile):
         lines += [f"  %xi{t} = add i32 %xo{t}, %x2",
-                  f"  %xp{t} = getelementptr i16, ptr %x, i32 %xi{t}",
+                  f"  %xp{t} = getelementptr i16, ptr {x}, i32 %xi{t}",
                   f"  %xw{t} = load {ty}, ptr %xp{t}, align 2",
                   f"  %xe{t} = insertelement <{lanes} x {ty}> poison, {ty} %xw{t}, i64 0",
                   f"  %xb{t} = shufflevector <{lanes} x {ty}> %xe{t}, <{lanes} x {ty}> poison, "
@@ -204,8 +227,11 @@ def micro_kernel_ir(tile: int, native: bool, blocks: int = 1, lanes: int = LANES
                       f"  %n{b}_{t} = fadd {vf} %s{b}_{t}, %me{b}_{t}"]
     lines += ["  %p1 = add i32 %p, 1",
               "  %more = icmp slt i32 %p1, %pairs",
-              "  br i1 %more, label %loop, label %done",
-              "done:"]
+              f"  br i1 %more, label %loop, label %{leave}"]
+    if chunked:
+        lines += ["next:", "  %i1 = add i32 %i, 1", "  %another = icmp slt i32 %i1, %chunks",
+                  "  br i1 %another, label %outer, label %done"]
+    lines += ["done:"]
     for b, t in acc:
         lines.append(f"  store {vf} %n{b}_{t}, ptr %ap{b}_{t}, align 4")
     lines += ["  ret void", "}"]
@@ -326,23 +352,14 @@ def amx_zero_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     return "\n".join(lines) + "\n"
 
 
-def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
-                       deferred: bool = False) -> str:
-    """The name of the tensor intrinsic (registered on first use) that starts an AMX call's
-    accumulators (:func:`amx_zero_kernel_ir`): ``C[b, t, k] = 0`` over ``b < blocks, t <
-    tile, k < lanes`` (the buffer as :func:`amx_intrinsic`'s). ``deferred``: the call is
-    empty, the zero left to the product call that follows, which must start its accumulators
-    at 0 itself and be the output tile's only one (``fresh`` in :func:`amx_intrinsic`)."""
-    name = f"{AMX_INTRIN_PREFIX}zero_b{blocks}_t{tile}_l{lanes}" + ("_deferred" if deferred
-                                                                    else "")
-    if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
-        return name
+def _zero_description(c_shape: tuple, blocks: int):
+    """The description of a call that sets the accumulators ``C`` (``c_shape``, a block axis
+    first where ``blocks`` > 1) to 0."""
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder import tirx as B
 
-    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
     c_full = tuple(slice(0, n) for n in c_shape)
-    extents = ((blocks,) if blocks > 1 else ()) + (tile, lanes)
+    extents = tuple(n for i, n in enumerate(c_shape) if not (blocks > 1 and i == 1))
     with IRBuilder() as ib:
         with B.prim_func(s_tir=True):
             B.func_name("desc")
@@ -355,7 +372,22 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
                         axes = B.axis.remap("S" * len(extents), list(loop_vars))
                         at = (axes[0], 0, *axes[1:]) if blocks > 1 else tuple(axes)
                         B.buffer_store(C, T.float32(0), list(at))
-    desc = ib.get()
+    return ib.get()
+
+
+def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
+                       deferred: bool = False) -> str:
+    """The name of the tensor intrinsic (registered on first use) that starts an AMX call's
+    accumulators (:func:`amx_zero_kernel_ir`): ``C[b, t, k] = 0`` over ``b < blocks, t <
+    tile, k < lanes`` (the buffer as :func:`amx_intrinsic`'s). ``deferred``: the call is
+    empty, the zero left to the product call that follows, which must start its accumulators
+    at 0 itself and be the output tile's only one (``fresh`` in :func:`amx_intrinsic`)."""
+    name = f"{AMX_INTRIN_PREFIX}zero_b{blocks}_t{tile}_l{lanes}" + ("_deferred" if deferred
+                                                                    else "")
+    if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    c_full = tuple(slice(0, n) for n in c_shape)
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
     fn, ir = amx_kernel_name(tile, blocks, lanes, "zero"), amx_zero_kernel_ir(tile, blocks, lanes)
 
@@ -373,7 +405,30 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
                                              T.Cast("int32", C.strides[-2]),
                                              T.Cast("int32", C.strides[0])))
 
-    tvm.s_tir.TensorIntrin.register(name, desc, impl)
+    tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, blocks), impl)
+    return name
+
+
+def deferred_zero_intrinsic(tile: int, lanes: int = LANES) -> str:
+    """The name of the tensor intrinsic (registered on first use) of an empty call in place of
+    the init block of ``tile`` x ``lanes`` accumulators ``C[t, k] = 0``: the ``fresh``
+    :func:`pair_intrinsic` call that follows starts them at 0 in registers (rather than the
+    init's vector stores and the call's loads of them)."""
+    name = f"{INTRIN_PREFIX}zero_t{tile}_l{lanes}_deferred"
+    if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    c_shape = (tile, lanes)
+    c_full = tuple(slice(0, n) for n in c_shape)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=[T.int32(), 1])
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[c_full])
+            T.evaluate(0)
+
+    tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, 1), impl)
     return name
 
 
@@ -472,13 +527,16 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES,
 
 #: what the names of the micro-kernels' tensor intrinsics start with
 INTRIN_PREFIX = "topi_bn.dpbf16_"
-_INTRIN_NAME = re.compile(r"topi_bn\.dpbf16_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)_(native|f32)\b")
+_INTRIN_NAME = re.compile(r"topi_bn\.dpbf16_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)(?:_r(\d+))?"
+                          r"(_fresh)?_(native|f32)\b")
+_ZERO_NAME = re.compile(r"topi_bn\.dpbf16_zero_t(\d+)_l(\d+)_deferred\b")
 
 
 def intrin_name(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
-                lanes: int = LANES) -> str:
+                lanes: int = LANES, chunks: int = 1, fresh: bool = False) -> str:
     return (f"{INTRIN_PREFIX}b{blocks}_t{tile}_l{lanes}_s{stride}_c{cb}_"
-            f"{'native' if native else 'f32'}")
+            + (f"r{chunks}_" if chunks > 1 else "") + ("fresh_" if fresh else "")
+            + ("native" if native else "f32"))
 
 
 def _amx_tile_fits(tile: int, blocks: int, lanes: int) -> bool:
@@ -493,8 +551,15 @@ def register_intrinsics_named_in(text: str) -> list[str]:
     names = []
     for m in _INTRIN_NAME.finditer(text):
         blocks, tile, lanes, stride, cb = (int(g) for g in m.groups()[:5])
+        chunks = int(m.group(6) or 1)
+        if lanes in LANE_WIDTHS and (blocks == 1 or chunks == 1):
+            pair_intrinsic(tile, stride, cb, m.group(8) == "native", blocks, lanes, chunks,
+                           bool(m.group(7)))
+            names.append(m.group(0))
+    for m in _ZERO_NAME.finditer(text):
+        tile, lanes = int(m.group(1)), int(m.group(2))
         if lanes in LANE_WIDTHS:
-            pair_intrinsic(tile, stride, cb, m.group(6) == "native", blocks, lanes)
+            deferred_zero_intrinsic(tile, lanes)
             names.append(m.group(0))
     for m in _AMX_INTRIN_NAME.finditer(text):
         blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups()[:6])
@@ -582,34 +647,48 @@ def product_description(x_shape, w_shape, c_shape, extents: dict[str, int], x_at
 
 
 def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
-                   lanes: int = LANES) -> str:
+                   lanes: int = LANES, chunks: int = 1, fresh: bool = False) -> str:
     """The name of the tensor intrinsic (registered on first use) of one micro-kernel call:
     ``C[b, t, k] += f32(X[t * stride, 2p + r]) * f32(W[b, p, k, r])`` over ``b < blocks, t <
     tile, k < lanes, p < cb / 2, r < 2``. Its buffers are the regions a call covers, unit
     dimensions included where a dimension of extent ``blocks`` precedes them (the weight's 7-D
-    block and the output's block axis; :func:`product_description`). The Winograd conv's pair
-    products (:mod:`.cpu_conv_winograd`) call the one-block form."""
-    name = intrin_name(tile, stride, cb, native, blocks, lanes)
+    block and the output's block axis; :func:`product_description`). ``chunks`` > 1 (one
+    block): the call also sums over ``chunks`` input blocks, ``C[t, k] += f32(X[i, t * stride,
+    2p + r]) * f32(W[i, p, k, r])``, the accumulators in registers across them (the Winograd
+    conv's pair products, :mod:`.cpu_conv_winograd`: one call per output tile). ``fresh``: the
+    call starts its accumulators at 0 rather than loading them (:func:`micro_kernel_ir`), after
+    a :func:`deferred_zero_intrinsic`; it must be its output tile's only call."""
+    if chunks > 1 and blocks > 1:
+        raise ValueError(f"chunks: a call sums several input blocks for one output block only, "
+                         f"got {chunks} input blocks and {blocks} output blocks")
+    name = intrin_name(tile, stride, cb, native, blocks, lanes, chunks, fresh)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     pairs, xw = cb // 2, (tile - 1) * stride + 1
-    ir = micro_kernel_ir(tile, native, blocks, lanes)
-    fn = kernel_name(tile, native, blocks, lanes)
+    chunked = chunks > 1
+    ir = micro_kernel_ir(tile, native, blocks, lanes, fresh, chunked)
+    fn = kernel_name(tile, native, blocks, lanes, fresh, chunked)
+    x_shape, x_strides = (xw, cb), [T.int32(), 1]
     if blocks == 1:
         w_shape, c_shape = (pairs, lanes, 2), (tile, lanes)
     else:
         w_shape, c_shape = (blocks, 1, 1, 1, pairs, lanes, 2), (blocks, 1, tile, lanes)
+    if chunked:
+        x_shape, x_strides = (chunks, *x_shape), [T.int32(), *x_strides]
+        w_shape = (chunks, *w_shape)
 
+    x_full = tuple(slice(0, n) for n in x_shape)
     c_full = tuple(slice(0, n) for n in c_shape)
     w_full = tuple(slice(0, n) for n in w_shape)
     # one position and one block: no unit loop over positions
     positions = {"t": tile} if tile > 1 or blocks > 1 else {}
     desc = product_description(
-        (xw, cb), w_shape, c_shape,
-        {**({"b": blocks} if blocks > 1 else {}), **positions, "k": lanes, "p": pairs, "r": 2},
-        lambda v: (v["t"] * stride, v["p"] * 2 + v["r"]),
+        x_shape, w_shape, c_shape,
+        {**({"b": blocks} if blocks > 1 else {}), **({"i": chunks} if chunks > 1 else {}),
+         **positions, "k": lanes, "p": pairs, "r": 2},
+        lambda v: (*((v["i"],) if chunked else ()), v["t"] * stride, v["p"] * 2 + v["r"]),
         lambda v: (v["b"], 0, 0, 0, v["p"], v["k"], v["r"]) if blocks > 1 else
-        (v["p"], v["k"], v["r"]),
+        (*((v["i"],) if chunked else ()), v["p"], v["k"], v["r"]),
         lambda v: (v["b"], 0, v["t"], v["k"]) if blocks > 1 else (v["t"], v["k"]))
 
     w_strides = [T.int32() for _ in w_shape[:-3]] + [lanes * 2, 2, 1]
@@ -617,12 +696,11 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
 
     @T.prim_func(s_tir=True)
     def impl(x: T.handle, w: T.handle, c: T.handle) -> None:
-        xs = T.int32()
-        X = T.match_buffer(x, (xw, cb), "bfloat16", offset_factor=1, strides=[xs, 1])
+        X = T.match_buffer(x, x_shape, "bfloat16", offset_factor=1, strides=x_strides)
         W = T.match_buffer(w, w_shape, "bfloat16", offset_factor=1, strides=w_strides)
         C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=c_strides)
         with T.sblock("root"):
-            T.reads(C[c_full], X[0:xw, 0:cb], W[w_full])
+            T.reads(C[c_full], X[x_full], W[w_full])
             T.writes(C[c_full])
             # bf16 buffers are passed as uint16 pointers: TVM's BF16 legalization turns a bf16
             # access_ptr's element type into float32 but the buffer into uint16
@@ -630,12 +708,17 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
                 T.evaluate(T.call_extern(
                     "void", fn, C.access_ptr("rw"),
                     T.tvm_access_ptr(T.type_annotation("uint16"), X.data, X.elem_offset,
-                                     xs * (xw - 1) + cb, 1),
+                                     X.strides[0] * (chunks - 1) + X.strides[-2] * (xw - 1)
+                                     + cb, 1),
                     T.tvm_access_ptr(T.type_annotation("uint16"), W.data, W.elem_offset,
-                                     W.strides[0] * (blocks - 1) + pairs * lanes * 2, 1),
+                                     W.strides[0] * (max(blocks, chunks) - 1)
+                                     + pairs * lanes * 2, 1),
                     # i32 as the micro-kernel declares them (an int64 kernel's strides are i64)
-                    T.Cast("int32", xs * stride), pairs, T.Cast("int32", C.strides[-2]),
-                    T.Cast("int32", W.strides[0]), T.Cast("int32", C.strides[0])))
+                    T.Cast("int32", X.strides[-2] * stride), pairs,
+                    T.Cast("int32", C.strides[-2]), T.Cast("int32", W.strides[0]),
+                    T.Cast("int32", C.strides[0]),
+                    *((chunks, T.Cast("int32", X.strides[0]), T.Cast("int32", W.strides[0]))
+                      if chunked else ())))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl)
     return name

@@ -25,10 +25,18 @@ schedules, one process, in turns, outputs bit-identical): on a Zen 5, 64 channel
 With the weight in bfloat16 pairs (the compute's ``wino_vb`` block, V in bfloat16), the
 products are the direct bf16 conv's ``vdpbf16ps`` micro-kernel
 (:func:`~.cpu_conv_dpbf16.pair_intrinsic`), one output block x :func:`pair_tile_block` tiles per
-call over an input block's pairs. Nothing is sampled there (the tile count is the compute's
-padding). On the Zen 5, warm, in turns with the direct pair kernel (bf16, 2x2 tiles, ResNet's
-layers): 64 channels at 56x56 245-255 -> 157 us, 128 at 28x28 244 -> 133, 256 at 14x14 242 ->
-132, 512 at 7x7 258 -> 156.
+call. Nothing is sampled there (the tile count is the compute's padding). On the Zen 5, warm, in
+turns with the direct pair kernel (bf16, 2x2 tiles, ResNet's layers): 64 channels at 56x56
+245-255 -> 157 us, 128 at 28x28 244 -> 133, 256 at 14x14 242 -> 132, 512 at 7x7 258 -> 156.
+A call sums every input block (``chunks``), its accumulators starting at 0 in registers
+(``fresh``, the init block an empty call) and stored once, where one call per input block had
+loaded and stored them each time after the init's zeros: on a Zen 4, in turns, 64 channels at
+56x56 328 -> 303 us, 128 at 28x28 274 -> 261, 256 at 14x14 266 -> 263, 512 at 7x7 319 -> 315
+(weights cold, cycled through 12 copies: 335 -> 315, 287 -> 276, 307 -> 302, 399 -> 390);
+inside ResNet-18 bf16 every Winograd kernel 3-14% faster (sum of all kernels 7.60 -> 7.21
+ms), ResNet-50's 4-10% (18.66 -> 18.29 ms), outputs bit-identical. Making V tiles-outer instead, so that a call reads one row of a tile's
+channels, gained as much warm but lost 9-27% at 14x14 and 7x7 with cold weights (16 streams of
+V beside the weight's).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import tvm
 from tvm.target import Target
 
 from .common import ScheduleRule, inline_consumers, op_blocks
-from .cpu_conv_dpbf16 import MIN_ACCUMULATORS, pair_intrinsic
+from .cpu_conv_dpbf16 import MIN_ACCUMULATORS, deferred_zero_intrinsic, pair_intrinsic
 from .cpu_conv_nchwc import vectorize_channel_params
 from .helpers import cpu_params, divisors, extent, knob, loops_under, tile
 
@@ -199,11 +207,10 @@ def _pair_products(sch, gemm, cfg: WinogradConfig, p) -> None:
     task = sch.fuse(eps, nu, k)
     sch.parallel(task)
     init = sch.decompose_reduction(gemm, rco)
-    i_tiles, i_lanes = sch.get_loops(init)[-2:]
-    sch.unroll(i_tiles)
-    sch.vectorize(i_lanes)
-    cb, lanes = int(sch.get(rp).extent) * 2, int(sch.get(ki).extent)
-    sch.tensorize(tt, pair_intrinsic(cfg.tile_block, 1, cb, p.bf16_dot, 1, lanes))
+    chunks, pairs, lanes = (int(sch.get(lp).extent) for lp in (rco, rp, ki))
+    sch.tensorize(sch.get_loops(init)[-2], deferred_zero_intrinsic(cfg.tile_block, lanes))
+    sch.tensorize(rco if chunks > 1 else tt, pair_intrinsic(
+        cfg.tile_block, 1, pairs * 2, p.bf16_dot, 1, lanes, chunks, fresh=True))
 
 
 def _output_transform(sch, blocks) -> None:

@@ -107,7 +107,8 @@ def test_a_wrong_interleave_is_caught(rng, schedule, require):
 def test_products_compile_to_vdpbf16ps(rng, mcpu):
     """Compiled for an AVX512_BF16 CPU (never run here): the products' loop is the inlined
     micro-kernel, one vdpbf16ps per tile and pair reading its broadcast pair of V from memory
-    ({1to16}), 16 tiles per call on a 16x16 map's 64 tiles."""
+    ({1to16}), 16 tiles per call on a 16x16 map's 64 tiles, one weight load per pair and
+    nothing stored (the call sums both input blocks, its accumulators in registers)."""
     from topi_bn.testing.asm import loops
     import tvm
 
@@ -121,7 +122,48 @@ def test_products_compile_to_vdpbf16ps(rng, mcpu):
     dp_loops = [lp for lp in loops(asm) if lp.count(r"^vdpbf16ps\s")]
     assert dp_loops
     body = [ins for ins in dp_loops[0].body if ins.startswith("vdpbf16ps")]
-    assert len(body) == 16 * 8 and all("{1to16}" in ins and "zmm" in ins for ins in body)
+    assert body and all("{1to16}" in ins and "zmm" in ins for ins in body)
+    weights = [ins for ins in dp_loops[0].body if ins.startswith("vmov")]
+    assert len(body) == 16 * len(weights)
+    assert not [ins for ins in dp_loops[0].body if ins.startswith("vmov") and "(" not in
+                ins.split(",")[0]]  # no store
+
+
+def test_one_call_per_output_tile_sums_every_input_block(rng):
+    """The products' micro-kernel is called once per output block and group of tiles, over
+    the pairs of both input blocks, its accumulators started at 0 in registers (``fresh``)
+    after an empty init: no accumulator round trip through memory per input block."""
+    import re
+    import tvm
+
+    target = topi_bn.resolve_target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    arrays, _, tile_block = _problem(rng)
+    ph, out = _kernel(arrays, tile_block)
+    script = topi_bn.schedules.apply_default_schedules(
+        tvm.IRModule({"main": te.create_prim_func(ph + [out])}), target).script()
+    assert re.findall(r'call_extern\("void", "(tb_dpbf16_\w+)"', script) == [
+        "tb_dpbf16_t16_chunks_fresh"]
+    assert re.search(r"T\.reads\(wino_gemm\[[^]]*\], wino_vb\[[^],]*, [^,]*, 0:2, [^]]*\]",
+                     script)
+    assert not re.findall(r"wino_gemm\[[^]]*\] = ", script)  # no zeros stored first
+
+
+def test_call_names_register_their_intrinsics():
+    """A record's trace names the intrinsics of the products' call (input blocks, fresh) and
+    of its empty init: registered from their names, as for a record replayed in a fresh process;
+    several input blocks and several output blocks in one call are refused."""
+    import tvm
+    from topi_bn.schedules.cpu_conv_dpbf16 import pair_intrinsic, register_intrinsics_named_in
+
+    names = ["topi_bn.dpbf16_b1_t13_l16_s1_c16_r4_fresh_native",
+             "topi_bn.dpbf16_b1_t13_l16_s1_c16_r4_f32", "topi_bn.dpbf16_zero_t13_l16_deferred"]
+    assert register_intrinsics_named_in("".join(f'["Tensorize", "{n}"]' for n in names)) == names
+    for name in names:
+        assert tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None
+    assert pair_intrinsic(13, 1, 16, True, chunks=4, fresh=True) == names[0]
+    with pytest.raises(ValueError, match=r"^chunks: a call sums several input blocks for one "
+                                         r"output block only, got 4 input blocks and 2 "):
+        pair_intrinsic(13, 1, 16, True, blocks=2, chunks=4)
 
 
 def test_weight_pairs_layout(rng):
