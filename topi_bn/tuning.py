@@ -235,8 +235,10 @@ def _blocked_for(group: str, target, dtype: str) -> list:
                 for w in _workloads.list_workloads(g)]
     if dtype != "bfloat16" or not native_dpbf16(tgt.target):
         return direct + winograd
-    # a bf16 build on AVX512_BF16 runs the pair kernel wherever it applies, Winograd nowhere
-    # (every Winograd layer has a pair twin)
+    # a bf16 build on AVX512_BF16 runs the pair kernel wherever it applies (every Winograd
+    # layer has a pair twin); the 3x3 stride-1 convs it runs by Winograd with vdpbf16ps
+    # products (schedules/cpu_conv_winograd.py) have no knobs to tune: their register tile is
+    # the compute's padding of the tiles
     pairs = [_workloads.pair_twin(w) for w in direct]
     # and the last conv of each network again, with the float32 output (and residual) a bf16
     # build gives it for the pooling it feeds
