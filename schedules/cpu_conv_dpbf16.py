@@ -11,8 +11,9 @@ kernel's own LLVM module (``pragma_import_llvm``) and LLVM inlines: the kernel's
 ``vdpbf16ps`` in its inner loop, with no library to ship or load. The IR bitcasts the ``i16``
 data to ``<32 x bfloat>`` itself.
 
-The micro-kernel (:func:`kernel_name`: ``tb_dpbf16_t<T>[_b<B>][_l8]``; arguments ``acc, x, w,
-xstep, pairs, cstep, wstep, bstep``) is one register tile: ``B`` output-channel blocks x ``T``
+The micro-kernel (:func:`kernel_name`: ``tb_dpbf16_t<T>[_b<B>][_l8][_chunks][_fresh]``;
+arguments ``acc, x, w, xstep, pairs, cstep, wstep, bstep`` and, ``_chunks``, ``chunks, xchunk,
+wchunk``) is one register tile: ``B`` output-channel blocks x ``T``
 output positions of ``L`` channels (``B x T`` accumulators, loaded once, stored once; ``L`` 16
 in zmm, or 8 in ymm for 8-channel output blocks such as MobileNetV2's 24-channel layers, by
 ``vdpbf16ps``'s 256-bit form), over ``pairs`` input-channel pairs: per pair ``B`` weight vectors

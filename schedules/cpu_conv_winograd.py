@@ -34,9 +34,9 @@ loaded and stored them each time after the init's zeros: on a Zen 4, in turns, 6
 56x56 328 -> 303 us, 128 at 28x28 274 -> 261, 256 at 14x14 266 -> 263, 512 at 7x7 319 -> 315
 (weights cold, cycled through 12 copies: 335 -> 315, 287 -> 276, 307 -> 302, 399 -> 390);
 inside ResNet-18 bf16 every Winograd kernel 3-14% faster (sum of all kernels 7.60 -> 7.21
-ms), ResNet-50's 4-10% (18.66 -> 18.29 ms), outputs bit-identical. Making V tiles-outer instead, so that a call reads one row of a tile's
-channels, gained as much warm but lost 9-27% at 14x14 and 7x7 with cold weights (16 streams of
-V beside the weight's).
+ms), ResNet-50's 4-10% (18.66 -> 18.29 ms), outputs bit-identical. Making V tiles-outer
+instead, so that a call reads one row of a tile's channels, gained as much warm but lost 9-27%
+at 14x14 and 7x7 with cold weights (16 streams of V beside the weight's).
 """
 from __future__ import annotations
 
