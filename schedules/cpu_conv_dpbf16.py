@@ -388,6 +388,8 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
     c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    if deferred:
+        return _register_deferred_zero(name, c_shape, blocks)
     c_full = tuple(slice(0, n) for n in c_shape)
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
     fn, ir = amx_kernel_name(tile, blocks, lanes, "zero"), amx_zero_kernel_ir(tile, blocks, lanes)
@@ -398,13 +400,10 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
         with T.sblock("root"):
             T.reads()
             T.writes(C[c_full])
-            if deferred:
-                T.evaluate(0)
-            else:
-                with T.attr(0, "pragma_import_llvm", ir):
-                    T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
-                                             T.Cast("int32", C.strides[-2]),
-                                             T.Cast("int32", C.strides[0])))
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
+                                         T.Cast("int32", C.strides[-2]),
+                                         T.Cast("int32", C.strides[0])))
 
     tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, blocks), impl)
     return name
@@ -418,18 +417,24 @@ def deferred_zero_intrinsic(tile: int, lanes: int = LANES) -> str:
     name = f"{INTRIN_PREFIX}zero_t{tile}_l{lanes}_deferred"
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    c_shape = (tile, lanes)
+    return _register_deferred_zero(name, (tile, lanes), 1)
+
+
+def _register_deferred_zero(name: str, c_shape: tuple, blocks: int) -> str:
+    """Register ``name``: a call that stands for setting the accumulators ``C`` (``c_shape``)
+    to 0 and does nothing, the product call after it starting them at 0 itself."""
     c_full = tuple(slice(0, n) for n in c_shape)
+    c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
 
     @T.prim_func(s_tir=True)
     def impl(c: T.handle) -> None:
-        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=[T.int32(), 1])
+        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=c_strides)
         with T.sblock("root"):
             T.reads()
             T.writes(C[c_full])
             T.evaluate(0)
 
-    tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, 1), impl)
+    tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, blocks), impl)
     return name
 
 
@@ -685,7 +690,7 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
     positions = {"t": tile} if tile > 1 or blocks > 1 else {}
     desc = product_description(
         x_shape, w_shape, c_shape,
-        {**({"b": blocks} if blocks > 1 else {}), **({"i": chunks} if chunks > 1 else {}),
+        {**({"b": blocks} if blocks > 1 else {}), **({"i": chunks} if chunked else {}),
          **positions, "k": lanes, "p": pairs, "r": 2},
         lambda v: (*((v["i"],) if chunked else ()), v["t"] * stride, v["p"] * 2 + v["r"]),
         lambda v: (v["b"], 0, 0, 0, v["p"], v["k"], v["r"]) if blocks > 1 else
