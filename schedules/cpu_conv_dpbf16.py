@@ -387,26 +387,10 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
                                                                     else "")
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
+    kernel = None if deferred else (amx_kernel_name(tile, blocks, lanes, "zero"),
+                                    amx_zero_kernel_ir(tile, blocks, lanes))
     c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
-    if deferred:
-        return _register_deferred_zero(name, c_shape, blocks)
-    c_full = tuple(slice(0, n) for n in c_shape)
-    c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
-    fn, ir = amx_kernel_name(tile, blocks, lanes, "zero"), amx_zero_kernel_ir(tile, blocks, lanes)
-
-    @T.prim_func(s_tir=True)
-    def impl(c: T.handle) -> None:
-        C = T.match_buffer(c, c_shape, "float32", offset_factor=1, strides=c_strides)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[c_full])
-            with T.attr(0, "pragma_import_llvm", ir):
-                T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
-                                         T.Cast("int32", C.strides[-2]),
-                                         T.Cast("int32", C.strides[0])))
-
-    tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, blocks), impl)
-    return name
+    return _register_zero(name, c_shape, blocks, kernel)
 
 
 def deferred_zero_intrinsic(tile: int, lanes: int = LANES) -> str:
@@ -417,14 +401,16 @@ def deferred_zero_intrinsic(tile: int, lanes: int = LANES) -> str:
     name = f"{INTRIN_PREFIX}zero_t{tile}_l{lanes}_deferred"
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    return _register_deferred_zero(name, (tile, lanes), 1)
+    return _register_zero(name, (tile, lanes), 1, None)
 
 
-def _register_deferred_zero(name: str, c_shape: tuple, blocks: int) -> str:
-    """Register ``name``: a call that stands for setting the accumulators ``C`` (``c_shape``)
-    to 0 and does nothing, the product call after it starting them at 0 itself."""
+def _register_zero(name: str, c_shape: tuple, blocks: int, kernel) -> str:
+    """Register ``name``: a call that sets the accumulators ``C`` (``c_shape``) to 0 by the
+    micro-kernel ``kernel`` (its name and LLVM IR, called with ``C`` and its strides), or, with
+    ``kernel`` None, does nothing (the product call after it starts them at 0 itself)."""
     c_full = tuple(slice(0, n) for n in c_shape)
     c_strides = [T.int32() for _ in c_shape[:-1]] + [1]
+    fn, ir = kernel or ("", "")
 
     @T.prim_func(s_tir=True)
     def impl(c: T.handle) -> None:
@@ -432,7 +418,13 @@ def _register_deferred_zero(name: str, c_shape: tuple, blocks: int) -> str:
         with T.sblock("root"):
             T.reads()
             T.writes(C[c_full])
-            T.evaluate(0)
+            if kernel is None:
+                T.evaluate(0)
+            else:
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("void", fn, C.access_ptr("w"),
+                                             T.Cast("int32", C.strides[-2]),
+                                             T.Cast("int32", C.strides[0])))
 
     tvm.s_tir.TensorIntrin.register(name, _zero_description(c_shape, blocks), impl)
     return name
