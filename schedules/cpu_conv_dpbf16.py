@@ -53,9 +53,13 @@ several data blocks by the conv's padding stage, which runs one vector per data 
 taps and channels as one reduction,
 :mod:`topi_bn.compute.conv2d_dpbf16_nchwc`) reads one tile row per output position ``stride
 x channels`` elements after the previous one and sums the kernel rows in one call
-(:func:`amx_rows_intrinsic`): ResNet-50's 7x7 stem reduces 7 x 11 pairs per output tile
+(:func:`rows_intrinsic`): ResNet-50's 7x7 stem reduces 7 x 11 pairs per output tile
 instead of 49 x 2. Records of ``vdpbf16ps`` tiles do not apply there
-(:func:`intrinsic_applies_to`). ResNet-50 bf16 on a Sapphire Rapids (2 threads, in turns):
+(:func:`intrinsic_applies_to`). Without AMX a conv on row pairs is a ``vdpbf16ps`` register
+tile whose one call sums the kernel rows the same way (the micro-kernel's loop over input
+blocks takes them), its accumulators started at 0 in registers: 77 instructions per 16
+outputs of a ResNet stem instead of 98, a quarter of them on a zero channel (on a Zen 4,
+ResNet-18 bf16's stem 0.73 -> 0.56 ms, per kernel in turns). ResNet-50 bf16 on a Sapphire Rapids (2 threads, in turns):
 25.0 ms on AMX tiles, 64.8 on ``vdpbf16ps``.
 """
 # Long because: the pair conv's two micro-kernels (vdpbf16ps and AMX), their tensor intrinsics,
@@ -82,7 +86,7 @@ __all__ = ["Dpbf16Conv", "PairTile", "pair_tile_candidates", "schedule_conv_dpbf
            "native_dpbf16", "amx_dpbf16", "amx_kernel_ir", "amx_kernel_name", "amx_intrinsic",
            "amx_intrin_name", "amx_tile", "AMX_INTRIN_PREFIX", "AMX_MAX_BLOCKS", "AMX_MAX_ROWS",
            "AMX_TASK_ROWS",
-           "amx_rows_intrinsic", "amx_rows_intrin_name", "row_pairs_apply", "AMX_MAX_PAIRS",
+           "rows_intrinsic", "rows_intrin_name", "ROW_UNITS", "row_pairs_apply", "AMX_MAX_PAIRS",
            "amx_pair_block", "amx_zero_kernel_ir", "amx_zero_intrinsic",
            "product_description", "amx_default_blocks",
            "default_tile", "default_blocks", "rows_outer",
@@ -264,12 +268,13 @@ AMX_MAX_PAIRS = 16
 
 
 def row_pairs_apply(weight_shape, in_block: int, dilation: Any = 1) -> bool:
-    """Whether a bf16 conv of OIHW ``weight_shape`` whose data is blocked by ``in_block``
-    channels runs on row pairs on an AMX target (its weight
+    """Whether a bf16 pair conv of OIHW ``weight_shape`` whose data is blocked by ``in_block``
+    channels runs on row pairs (AMX tiles or ``vdpbf16ps``; its weight
     :func:`~topi_bn.layouts.pack_weight_row_pairs`): all its channels in one block of at least
     2, a kernel wider than 1 column, dilation 1, and a kernel row's taps x channels within one
     tile row (:data:`AMX_MAX_PAIRS`): a 7x7 stem of 3 channels reduces 7 x 11 pairs per output
-    tile rather than 49 x 2 (on the Xeon, 224x224 -> 64 channels: 1.39 -> 0.47 ms)."""
+    tile rather than 49 x 2 (on the Xeon, 224x224 -> 64 channels: 1.39 -> 0.47 ms; on a Zen 4
+    with ``vdpbf16ps``, 0.73 -> 0.56 ms)."""
     _, c, _, kw = (int(d) for d in weight_shape)
     dil = tuple(dilation) if isinstance(dilation, (tuple, list)) else (dilation, dilation)
     return c == in_block >= 2 and kw > 1 and all(int(d) == 1 for d in dil) \
@@ -393,15 +398,18 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
     return _register_zero(name, c_shape, blocks, kernel)
 
 
-def deferred_zero_intrinsic(tile: int, lanes: int = LANES) -> str:
+def deferred_zero_intrinsic(tile: int, lanes: int = LANES, blocks: int = 1) -> str:
     """The name of the tensor intrinsic (registered on first use) of an empty call in place of
-    the init block of ``tile`` x ``lanes`` accumulators ``C[t, k] = 0``: the ``fresh``
-    :func:`pair_intrinsic` call that follows starts them at 0 in registers (rather than the
-    init's vector stores and the call's loads of them)."""
-    name = f"{INTRIN_PREFIX}zero_t{tile}_l{lanes}_deferred"
+    the init block of ``blocks`` x ``tile`` x ``lanes`` accumulators ``C[b, t, k] = 0`` (one
+    block: ``C[t, k]``): the ``fresh`` product call that follows (:func:`pair_intrinsic`,
+    :func:`rows_intrinsic`) starts them at 0 in registers (rather than the init's vector
+    stores and the call's loads of them)."""
+    name = f"{INTRIN_PREFIX}zero_" + (f"b{blocks}_" if blocks > 1 else "") + \
+        f"t{tile}_l{lanes}_deferred"
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    return _register_zero(name, (tile, lanes), 1, None)
+    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    return _register_zero(name, c_shape, blocks, None)
 
 
 def _register_zero(name: str, c_shape: tuple, blocks: int, kernel) -> str:
@@ -527,7 +535,7 @@ def amx_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES,
 INTRIN_PREFIX = "topi_bn.dpbf16_"
 _INTRIN_NAME = re.compile(r"topi_bn\.dpbf16_b(\d+)_t(\d+)_l(\d+)_s(\d+)_c(\d+)(?:_r(\d+))?"
                           r"(_fresh)?_(native|f32)\b")
-_ZERO_NAME = re.compile(r"topi_bn\.dpbf16_zero_t(\d+)_l(\d+)_deferred\b")
+_ZERO_NAME = re.compile(r"topi_bn\.dpbf16_zero_(?:b(\d+)_)?t(\d+)_l(\d+)_deferred\b")
 
 
 def intrin_name(tile: int, stride: int, cb: int, native: bool, blocks: int = 1,
@@ -555,9 +563,9 @@ def register_intrinsics_named_in(text: str) -> list[str]:
                            bool(m.group(7)))
             names.append(m.group(0))
     for m in _ZERO_NAME.finditer(text):
-        tile, lanes = int(m.group(1)), int(m.group(2))
+        blocks, tile, lanes = int(m.group(1) or 1), int(m.group(2)), int(m.group(3))
         if lanes in LANE_WIDTHS:
-            deferred_zero_intrinsic(tile, lanes)
+            deferred_zero_intrinsic(tile, lanes, blocks)
             names.append(m.group(0))
     for m in _AMX_INTRIN_NAME.finditer(text):
         blocks, tile, lanes, stride, cb, chunks = (int(g) for g in m.groups()[:6])
@@ -570,10 +578,12 @@ def register_intrinsics_named_in(text: str) -> list[str]:
         if _amx_tile_fits(tile, blocks, lanes):
             amx_zero_intrinsic(tile, blocks, lanes, bool(m.group(4)))
             names.append(m.group(0))
-    for m in _AMX_ROWS_NAME.finditer(text):
-        blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups()[:6])
-        if _amx_tile_fits(tile, blocks, lanes):
-            amx_rows_intrinsic(tile, step, pairs, kh, blocks, lanes, bool(m.group(7)))
+    for m in _ROWS_NAME.finditer(text):
+        blocks, tile, lanes, step, pairs, kh = (int(g) for g in m.groups()[1:7])
+        unit = "amx" if m.group(1) == "amx" else m.group(9)
+        if unit is not None and (_amx_tile_fits(tile, blocks, lanes) if unit == "amx"
+                                 else lanes in LANE_WIDTHS):
+            rows_intrinsic(tile, step, pairs, kh, blocks, lanes, bool(m.group(8)), unit)
             names.append(m.group(0))
     return names
 
@@ -590,15 +600,17 @@ def intrinsic_runs_on(name: str, target: Target) -> bool:
 def intrinsic_applies_to(name: str, target: Target, tuned_on: Target | None = None) -> bool:
     """Whether a tuning record that tensorizes with intrinsic ``name`` (tuned on ``tuned_on``,
     when known) applies to ``target``: its micro-kernel runs there (:func:`intrinsic_runs_on`),
-    it is not a ``vdpbf16ps`` tile of several positions on a target with AMX, whose pair convs
-    run AMX tiles instead (such records, tuned on a Zen 5, would replace them), and a
+    it is not a ``vdpbf16ps`` tile of several positions (or on row pairs) on a target with
+    AMX, whose pair convs run AMX tiles instead (such records, tuned on a Zen 5, would replace them), and a
     ``vdpbf16ps`` tile was timed on vector pipes of the target's width
     (``CpuParams.datapath_bits``: the Zen 5 records ran 5-7% slower than the defaults on a
     Zen 4, whose pipes are half as wide)."""
     m = _INTRIN_NAME.fullmatch(name)
-    if m and int(m.group(2)) > 1 and amx_dpbf16(target):
+    rows = _ROWS_NAME.fullmatch(name)
+    rows = rows if rows and rows.group(1) != "amx" else None  # a vdpbf16ps tile on row pairs
+    if (m and int(m.group(2)) > 1 or rows) and amx_dpbf16(target):
         return False
-    if m and tuned_on is not None and datapath_bits(tuned_on) != datapath_bits(target):
+    if (m or rows) and tuned_on is not None and datapath_bits(tuned_on) != datapath_bits(target):
         return False
     return intrinsic_runs_on(name, target)
 
@@ -817,37 +829,55 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
 
 
 _AMX_ZERO_NAME = re.compile(r"topi_bn\.amx_zero_b(\d+)_t(\d+)_l(\d+)(_deferred)?\b")
-_AMX_ROWS_NAME = re.compile(
-    r"topi_bn\.amx_rows_b(\d+)_t(\d+)_l(\d+)_s(\d+)_p(\d+)_h(\d+)(_fresh)?\b")
+#: a row-pair call's names: ``amx`` AMX tiles, ``dpbf16`` ``vdpbf16ps`` (``native``) or its
+#: float32 form (``f32``)
+_ROWS_NAME = re.compile(r"topi_bn\.(amx|dpbf16)_rows_b(\d+)_t(\d+)_l(\d+)_s(\d+)_p(\d+)_h(\d+)"
+                        r"(_fresh)?(?:_(native|f32))?\b")
+#: the micro-kernels a row-pair call runs on (:func:`rows_intrinsic`)
+ROW_UNITS = ("amx", "native", "f32")
 
 
-def amx_rows_intrin_name(tile: int, step: int, pairs: int, kh: int, blocks: int,
-                         lanes: int, fresh: bool = False) -> str:
-    return (f"{AMX_INTRIN_PREFIX}rows_b{blocks}_t{tile}_l{lanes}_s{step}_p{pairs}_h{kh}"
-            + ("_fresh" if fresh else ""))
+def rows_intrin_name(tile: int, step: int, pairs: int, kh: int, blocks: int,
+                     lanes: int, fresh: bool = False, unit: str = "amx") -> str:
+    prefix = AMX_INTRIN_PREFIX if unit == "amx" else INTRIN_PREFIX
+    return (f"{prefix}rows_b{blocks}_t{tile}_l{lanes}_s{step}_p{pairs}_h{kh}"
+            + ("_fresh" if fresh else "") + ("" if unit == "amx" else f"_{unit}"))
 
 
-def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 1,
-                       lanes: int = LANES, fresh: bool = False) -> str:
-    """The name of the tensor intrinsic (registered on first use) of one AMX micro-kernel call
-    (:func:`amx_kernel_ir`) on a conv's row pairs (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`:
-    a kernel row's taps and channels as one axis of ``pairs`` pairs): ``C[b, t, k] +=
-    f32(X[y, t * step + 2p + r]) * f32(W[b, y, p, k, r])`` over the ``kh`` kernel rows, the
-    input tile's rows ``step`` elements apart (stride x channels); one block: ``C[t, k]``,
-    ``W[y, p, k, r]``. ``fresh`` as in :func:`amx_intrinsic`."""
-    name = amx_rows_intrin_name(tile, step, pairs, kh, blocks, lanes, fresh)
+def rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 1,
+                   lanes: int = LANES, fresh: bool = False, unit: str = "amx") -> str:
+    """The name of the tensor intrinsic (registered on first use) of one micro-kernel call on
+    a conv's row pairs (:mod:`topi_bn.compute.conv2d_dpbf16_nchwc`: a kernel row's taps and
+    channels as one axis of ``pairs`` pairs): ``C[b, t, k] += f32(X[y, t * step + 2p + r]) *
+    f32(W[b, y, p, k, r])`` over the ``kh`` kernel rows, the positions ``step`` elements apart
+    (stride x channels); one block: ``C[t, k]``, ``W[y, p, k, r]``. ``unit``: ``"amx"`` an
+    AMX call (:func:`amx_kernel_ir`, one input tile row per position), ``"native"`` or
+    ``"f32"`` a ``vdpbf16ps`` register tile (:func:`micro_kernel_ir`, its loop over input
+    blocks taking the kernel rows) or its float32 form; either way one call sums the kernel
+    rows, its accumulators loaded and stored once, or (``fresh``, as in
+    :func:`amx_intrinsic`) started at 0. One position of one block is a call at each
+    position (no loop over positions in the description)."""
+    if unit not in ROW_UNITS:
+        raise ValueError(f"unit: expected one of {ROW_UNITS}, got {unit!r}")
+    name = rows_intrin_name(tile, step, pairs, kh, blocks, lanes, fresh, unit)
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
+    amx = unit == "amx"
     xw = (tile - 1) * step + 2 * pairs
-    ir = amx_kernel_ir(tile, blocks, lanes, fresh)
-    fn = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else "")
+    if amx:
+        ir = amx_kernel_ir(tile, blocks, lanes, fresh)
+        fn = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else "")
+    else:
+        ir = micro_kernel_ir(tile, unit == "native", blocks, lanes, fresh, chunked=True)
+        fn = kernel_name(tile, unit == "native", blocks, lanes, fresh, chunked=True)
     x_shape, w_shape, c_shape = (kh, xw), (kh, pairs, lanes, 2), (tile, lanes)
     if blocks > 1:
         w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
+    positions = {"t": tile} if tile > 1 or blocks > 1 else {}
     desc = product_description(
         x_shape, w_shape, c_shape,
-        {"y": kh, **({"b": blocks} if blocks > 1 else {}), "t": tile, "k": lanes, "p": pairs,
-         "r": 2},
+        {"y": kh, **({"b": blocks} if blocks > 1 else {}), **positions, "k": lanes,
+         "p": pairs, "r": 2},
         lambda v: (v["y"], v["t"] * step + v["p"] * 2 + v["r"]),
         lambda v: (*((v["b"],) if blocks > 1 else ()), v["y"], v["p"], v["k"], v["r"]),
         lambda v: (v["b"], 0, v["t"], v["k"]) if blocks > 1 else (v["t"], v["k"]))
@@ -867,7 +897,8 @@ def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 
             T.reads(C[c_full], X[0:kh, 0:xw], W[w_full])
             T.writes(C[c_full])
             with T.attr(0, "pragma_import_llvm", ir):
-                # one input block, one kernel column: their strides are unused (0)
+                # the kernel rows as the kernel's input blocks (AMX: one input block, one
+                # kernel column, their strides unused)
                 T.evaluate(T.call_extern(
                     "void", fn, C.access_ptr("rw"),
                     T.tvm_access_ptr(T.type_annotation("uint16"), X.data, X.elem_offset,
@@ -876,8 +907,10 @@ def amx_rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 
                                      W.strides[0] * (blocks - 1) + W.strides[w_row] * (kh - 1)
                                      + pairs * lanes * 2, 1),
                     step, pairs, T.Cast("int32", C.strides[-2]), T.Cast("int32", W.strides[0]),
-                    T.Cast("int32", C.strides[0]), 1, 0, 0, kh, 1,
-                    T.Cast("int32", X.strides[0]), 0, T.Cast("int32", W.strides[w_row]), 0))
+                    T.Cast("int32", C.strides[0]),
+                    *((1, 0, 0, kh, 1, T.Cast("int32", X.strides[0]), 0,
+                       T.Cast("int32", W.strides[w_row]), 0) if amx else
+                      (kh, T.Cast("int32", X.strides[0]), T.Cast("int32", W.strides[w_row])))))
 
     tvm.s_tir.TensorIntrin.register(name, desc, impl)
     return name
@@ -1050,7 +1083,7 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
     # the conv's register tile under the epilogue's tile: accumulators over the whole reduction
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
     if len(_weight(sch.get(conv)).shape) == 5:
-        _schedule_row_pairs(sch, conv, choice, lanes, x_buf)
+        _schedule_row_pairs(sch, conv, choice, lanes, x_buf, p.bf16_dot)
         return
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rp, rt = sch.get_loops(conv)[-10:]
     stride = _stride(sch.get(conv))
@@ -1097,14 +1130,17 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
 
 def _start_accumulators(sch, init, choice: PairTile, lanes: int, fresh: bool = False) -> None:
     """Schedule the conv's ``init`` block (its accumulators set to 0 before the reduction): on
-    AMX one call per output tile (:func:`amx_zero_intrinsic`; ``fresh``: an empty one, the
-    product call that follows starting at 0), else vector stores."""
+    AMX one call per output tile (:func:`amx_zero_intrinsic`), ``fresh`` an empty one, the
+    product call that follows starting at 0 (:func:`deferred_zero_intrinsic` for
+    ``vdpbf16ps``); else vector stores."""
     loops = sch.get_loops(init)
-    if choice.amx:
+    if choice.amx or fresh:
         # the call's block keeps the conv's tag: no later rule takes it for an elementwise one
         tag = sch.get(init).annotations.get("schedule_rule")
         call = sch.blockize(loops[-3] if choice.blocks > 1 else loops[-2])
-        sch.tensorize(call, amx_zero_intrinsic(choice.tile, choice.blocks, lanes, fresh))
+        sch.tensorize(call, amx_zero_intrinsic(choice.tile, choice.blocks, lanes, fresh)
+                      if choice.amx else
+                      deferred_zero_intrinsic(choice.tile, lanes, choice.blocks))
         if tag is not None:
             sch.annotate(call, "schedule_rule", tag)
     else:
@@ -1112,23 +1148,23 @@ def _start_accumulators(sch, init, choice: PairTile, lanes: int, fresh: bool = F
         sch.vectorize(loops[-1])
 
 
-def _schedule_row_pairs(sch, conv, choice: PairTile, lanes: int, x_buf) -> None:
+def _schedule_row_pairs(sch, conv, choice: PairTile, lanes: int, x_buf, native: bool) -> None:
     """The conv's register tile on row pairs (a 5-D weight: a kernel row's taps and channels
-    in one axis), its epilogue already tiled: with AMX one call per output tile sums the
-    kernel rows (:func:`amx_rows_intrinsic`); else plain loops (the blocked layout makes row
-    pairs for AMX targets only)."""
+    in one axis), its epilogue already tiled: one call per output tile sums the kernel rows
+    (:func:`rows_intrinsic`: AMX tiles, or ``vdpbf16ps`` where ``native``, else its float32
+    form), its accumulators starting at 0 in the call (one position of one block: stored 0s
+    and loaded)."""
     c_n, c_ko, c_oh, c_ow, c_kb, ry, rp, rt = sch.get_loops(conv)[-8:]
     step = _stride(sch.get(conv))
-    inner = (ry, c_ko) if choice.blocks > 1 else (c_ko, ry)
-    sch.reorder(c_n, c_oh, *inner, c_ow, c_kb, rp, rt)
-    # AMX: the call sums the whole reduction, so it starts the accumulators itself
-    _start_accumulators(sch, sch.decompose_reduction(conv, ry), choice, lanes, choice.amx)
-    if choice.amx:
-        kh, pairs = int(sch.get(ry).extent), int(sch.get(rp).extent)
-        sch.tensorize(ry, amx_rows_intrinsic(choice.tile, step, pairs, kh, choice.blocks,
-                                             lanes, fresh=True))
-    else:  # the lanes innermost
-        sch.reorder(rp, rt, c_ow, c_kb)
+    tile, blocks = choice.tile, choice.blocks
+    inner = (ry, c_ko, c_ow) if blocks > 1 else (c_ko, ry, c_ow) if tile > 1 else \
+        (c_ko, c_ow, ry)
+    sch.reorder(c_n, c_oh, *inner, c_kb, rp, rt)
+    fresh = choice.amx or tile > 1 or blocks > 1
+    _start_accumulators(sch, sch.decompose_reduction(conv, ry), choice, lanes, fresh)
+    kh, pairs = int(sch.get(ry).extent), int(sch.get(rp).extent)
+    unit = "amx" if choice.amx else "native" if native else "f32"
+    sch.tensorize(ry, rows_intrinsic(tile, step, pairs, kh, blocks, lanes, fresh, unit))
     if x_buf is not None:
         pn, py, _ = sch.get_loops(x_buf)
         sch.parallel(sch.fuse(pn, py))

@@ -29,8 +29,8 @@ Groups:
   weight the transformed one, the register tile sized for the block's target
   (:data:`BLOCK_TARGETS`). ``<network>-nchw16c-dpbf16`` (and ``...-folded``): the kernels a
   ``dtype="bfloat16"`` build runs on an AVX512_BF16 CPU instead (:func:`pair_twin`: the
-  ``vdpbf16ps`` conv, its weight in input-channel pairs; bfloat16 only, BN parameters
-  float32, :meth:`Workload.arg_dtypes`).
+  ``vdpbf16ps`` conv, its weight in input-channel pairs, a stem's in row pairs; bfloat16
+  only, BN parameters float32, :meth:`Workload.arg_dtypes`).
   :func:`blocked_groups` names the groups of a block size (a target's lanes).
 
 A workload knows its op and arguments; :meth:`Workload.te_args` makes TE placeholders,
@@ -49,7 +49,7 @@ from . import compute, reference
 from .checks import conv_geometry, conv_geometry_nchwc
 from .layouts import ChannelBlocking, pack_winograd_weight
 from .relax.blocked import DPBF16_COMPUTES, winograd_tile, winograd_tiles
-from .schedules.cpu_conv_dpbf16 import takes_conv
+from .schedules.cpu_conv_dpbf16 import row_pairs_apply, takes_conv
 from .schedules.cpu_conv_winograd import winograd_tile_block
 from .targets import resolve_target
 
@@ -216,8 +216,13 @@ class Workload:
             return conv_geometry_nchwc(_Shape(self.shapes["data"]),
                                        _Shape((ko, co, 3, 3, cb, kb)), 1, 1, 1, 1)
         if self.op in DPBF16_OPS:  # pairs of the data's block: the blocked weight's shape
-            ko, co, kh, kw, _, kb, _ = weight
-            weight = (ko, co, kh, kw, self.shapes["data"][-1], kb)
+            cb = self.shapes["data"][-1]
+            if len(weight) == 5:  # row pairs: a kernel row's kw x cb taps, one zero if odd
+                ko, kh, pairs, kb, _ = weight
+                weight = (ko, 1, kh, 2 * pairs // cb, cb, kb)
+            else:
+                ko, co, kh, kw, _, kb, _ = weight
+                weight = (ko, co, kh, kw, cb, kb)
         args = (_Shape(self.shapes["data"]), _Shape(weight),
                 self.params.get("strides", 1), self.params.get("padding", 0),
                 self.params.get("dilation", 1), self.params.get("groups", 1))
@@ -413,7 +418,9 @@ def pair_twin(direct: Workload, out_dtype: str = "bfloat16") -> Workload | None:
     """The ``vdpbf16ps`` pair kernel a bf16 build on an AVX512_BF16 CPU runs for blocked conv
     ``direct`` (:func:`~topi_bn.schedules.cpu_conv_dpbf16.takes_conv`: groups 1, output blocks
     of 8 or 16 channels, input blocks of at least 3), or None: the weight packed in input-channel
-    pairs (:func:`~topi_bn.layouts.pack_weight_pairs`). ``out_dtype="float32"``: the twin of a conv
+    pairs (:func:`~topi_bn.layouts.pack_weight_pairs`), or a stem's in row pairs as the graph
+    pass packs it (:func:`~topi_bn.schedules.cpu_conv_dpbf16.row_pairs_apply`,
+    :func:`~topi_bn.layouts.pack_weight_row_pairs`). ``out_dtype="float32"``: the twin of a conv
     whose output the build keeps in float32 (a network's last conv, feeding the pooling;
     named ``...dpbf16.f32``), its residual float32 too."""
     if out_dtype not in ("bfloat16", "float32"):
@@ -423,7 +430,10 @@ def pair_twin(direct: Workload, out_dtype: str = "bfloat16") -> Workload | None:
     ko, co, kh, kw, cb, kb = direct.shapes["weight"]
     if not takes_conv(direct.params.get("groups", 1), cb, kb):
         return None
-    shapes = dict(direct.shapes, weight=(ko, co, kh, kw, (cb + 1) // 2, kb, 2))
+    # a stem's weight in row pairs, as the graph pass packs it
+    rows = row_pairs_apply((ko * kb, co * cb, kh, kw), cb, direct.params.get("dilation", 1))
+    shapes = dict(direct.shapes, weight=(ko, kh, (kw * cb + 1) // 2, kb, 2) if rows else
+                  (ko, co, kh, kw, (cb + 1) // 2, kb, 2))
     params = {k: v for k, v in direct.params.items() if k != "groups"}
     if out_dtype == "float32":
         params["out_dtype"] = out_dtype

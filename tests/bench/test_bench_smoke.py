@@ -756,7 +756,8 @@ def test_bf16_layer_row_runs_the_networks_kernel(target, kind):
     """The per-layer 'topi-bn bf16' row times the kernel a bf16 network build runs for the
     layer: on AVX512_BF16 targets the vdpbf16ps pair kernel (3x3 stride-1 convs too: the graph
     pass puts them there rather than Winograd), elsewhere the blocked or Winograd twin. Its
-    weight is packed in input-channel pairs and its PrimFunc is what the build schedules.
+    weight is packed in input-channel pairs (the stem's in row pairs) and its PrimFunc is what
+    the build schedules.
     (Picked from the target, never the host: nothing runs.)"""
     from topi_bn import workloads as W
     from topi_bn.bench import ops
@@ -770,9 +771,14 @@ def test_bf16_layer_row_runs_the_networks_kernel(target, kind):
         twin = ops.bf16_twin(wl, tgt)
         if kind == "dpbf16":
             assert twin.op == "conv2d_bn_act_dpbf16_nchwc", twin
-            ko, co, kh, kw, pairs, kb, two = twin.shapes["weight"]
+            cb = twin.shapes["data"][-1]
+            if cb == 3:  # the stem: a kernel row's 7 taps x 3 channels in 11 pairs
+                ko, kh, pairs, kb, two = twin.shapes["weight"]
+                assert pairs == 11
+            else:
+                ko, co, kh, kw, pairs, kb, two = twin.shapes["weight"]
+                assert pairs == cb // 2
             assert (kh, two) == (wl.shapes["weight"][2], 2)
-            assert pairs == (twin.shapes["data"][-1] + 1) // 2  # the stem's 3 channels: 2
             assert "groups" not in twin.params
             assert W.BF16_ARGS[twin.op][:2] == ("data", "weight")  # both held in bf16
             assert "bfloat16" in workload_prim_func(twin, "bfloat16", tgt).script()

@@ -221,6 +221,13 @@ def test_which_records_apply():
     assert not intrinsic_applies_to(one, zen, tuned_on=zen4)
     assert intrinsic_applies_to(vdp, zen, tuned_on=zen)
     assert intrinsic_applies_to(amx, spr, tuned_on=spr)
+    # a vdpbf16ps tile on row pairs (a stem): the same rules; an AMX one on AMX targets only
+    rows = "topi_bn.dpbf16_rows_b1_t14_l16_s6_p11_h7_fresh_native"
+    amx_rows = "topi_bn.amx_rows_b2_t14_l16_s6_p11_h7_fresh"
+    assert not intrinsic_applies_to(rows, spr) and intrinsic_applies_to(rows, zen4)
+    assert intrinsic_applies_to(rows, zen4, tuned_on=zen4)
+    assert not intrinsic_applies_to(rows, zen, tuned_on=zen4)
+    assert intrinsic_applies_to(amx_rows, spr) and not intrinsic_applies_to(amx_rows, zen)
     # a record's AMX intrinsics are registered from their names (replayed in a fresh process)
     taps = "topi_bn.amx_b1_t7_l16_s2_c16_r8_k3x3"
     fresh = taps + "_fresh"

@@ -1,9 +1,11 @@
 """Row pairs (issue 27): a bf16 conv of few input channels (a network's stem) with a kernel
 row's taps and channels as one reduction axis in pairs, the weight 5-D
-(:func:`topi_bn.layouts.pack_weight_row_pairs`), on AMX one tile row per output position: the
-packing, the compute's numerics against float64 (portable schedule on any x86 host, AMX on AMX
-hosts only), its checks, where the graph pass chooses it (read from the target, never the
-host) and the code it compiles to for Sapphire Rapids (compiled, read on any host); beside
+(:func:`topi_bn.layouts.pack_weight_row_pairs`), on AMX one tile row per output position,
+with vdpbf16ps one call per output tile over the kernel rows: the packing, the compute's
+numerics against float64 (the float32 form of the micro-kernel on any x86 host, vdpbf16ps on
+AVX512_BF16 hosts, AMX on AMX hosts only), its checks, where the graph pass chooses it (read
+from the target, never the host) and the code it compiles to for Sapphire Rapids and a Zen 4
+(compiled, read on any host); beside
 them, the wide pairs the graph pass gives other pair convs on AMX targets."""
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from topi_bn.schedules.cpu_conv_dpbf16 import (
     AMX_MAX_PAIRS, register_intrinsics_named_in, row_pairs_apply,
 )
 from topi_bn.targets import host_can_run
-from topi_bn.testing import assert_close_to_range, bf16_conv_case, run_te
+from topi_bn.testing import assert_close_to_range, bf16_conv_case, run_prim_func, run_te
 
 BF16 = "bfloat16"
 
@@ -87,8 +89,8 @@ CASES = [
 @pytest.mark.parametrize("schedule", [False, True], ids=["unscheduled", "x86-avx2"])
 @pytest.mark.parametrize("case", [c for c, _ in CASES], ids=[i for _, i in CASES])
 def test_matches_float64(rng, case, schedule, require):
-    """The compute, and its portable schedule (plain loops, on any x86 host), within bf16's
-    range tolerance of the float64 conv of the same bf16 values."""
+    """The compute, and its schedule by the float32 form of the micro-kernel (any x86 host),
+    within bf16's range tolerance of the float64 conv of the same bf16 values."""
     if schedule:
         require("avx2")
     ph, out, arrays, expect = _problem(rng, **case)
@@ -155,6 +157,63 @@ def test_amx_one_call_per_output_tile(rng):
         assert tvm.s_tir.TensorIntrin.get(n, allow_missing=True) is not None
 
 
+def _dpbf16_calls(mod) -> list[str]:
+    return re.findall(r'T\.call_extern\("void", "tb_dpbf16_t\d\w*".*', mod.script())
+
+
+@pytest.mark.parametrize("mcpu", ["znver4", "haswell"])
+def test_vdpbf16ps_one_call_per_output_tile(rng, mcpu):
+    """For a Zen 4 (compiled, not run here) and, by the float32 form, an AVX2 CPU: one
+    micro-kernel call per output tile of 2 blocks sums the 7 kernel rows (its loop over input blocks:
+    the trailing arguments 7, the row stride, the weight's row stride) of 11 pairs, the
+    positions 2 x 3 elements apart, the accumulators starting at 0 in the call (the init an
+    empty call); vdpbf16ps in the code for the Zen 4; the record names register."""
+    ph, out, _, _ = _problem(rng, residual=False)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  _target(mcpu))
+    native = mcpu == "znver4"
+    # 10 positions x 2 output blocks (the default tile's 12 or more accumulators)
+    kernel = f"tb_dpbf16_t10_b2{'' if native else '_f32'}_chunks_fresh"
+    (call,) = _dpbf16_calls(mod)
+    assert f'"{kernel}"' in call and re.search(r", 6, 11, T\.Cast\(.*, 7, T\.Cast\(", call), call
+    assert mod.script().count("T.call_extern") == 1, "the init block is not an empty call"
+    if native:
+        asm = tvm.compile(mod, target=_target(mcpu)).mod.inspect_source("asm")
+        assert "vdpbf16ps" in asm and "tdpbf16ps" not in asm
+    names = ["topi_bn.dpbf16_rows_b1_t10_l16_s6_p11_h7_fresh_native",
+             "topi_bn.dpbf16_rows_b2_t10_l16_s6_p11_h7_f32",
+             "topi_bn.dpbf16_zero_b2_t10_l16_deferred"]
+    assert sorted(register_intrinsics_named_in(
+        "".join(f'["Tensorize", "{n}"]' for n in names))) == sorted(names)
+    for n in names:
+        assert tvm.s_tir.TensorIntrin.get(n, allow_missing=True) is not None
+
+
+@pytest.mark.parametrize("tile,blocks", [(10, 2), (5, 1), (1, 1)])
+def test_vdpbf16ps_tiles_match_float64(rng, tile, blocks, require):
+    """Register tiles of several output blocks, narrow ones and a single position (no loop
+    over positions: the accumulators stored as 0 and loaded) on row pairs, by the float32
+    form of the micro-kernel (any x86 host), and by vdpbf16ps where the host has AVX512_BF16;
+    a wrong pairing is caught."""
+    from topi_bn.schedules.cpu_conv_dpbf16 import PairTile, schedule_conv_dpbf16
+
+    require("avx2")
+    targets = ["haswell"] + (["znver4"] if host_can_run(_target("znver4"))[0] else [])
+    for mcpu, swap in [(m, False) for m in targets] + [("haswell", True)]:
+        ph, out, arrays, expect = _problem(np.random.default_rng(3), swap=swap)
+        func = te.create_prim_func(ph + [out])
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+        schedule_conv_dpbf16(sch, sch.get_sblock("conv"), _target(mcpu),
+                             PairTile(tile, blocks, True))
+        lib = tvm.compile(sch.mod, target=_target(mcpu))
+        (got,) = run_prim_func(lib, list(arrays.values()), [(out.shape, out.dtype)])
+        if swap:
+            with pytest.raises(AssertionError):
+                assert_close_to_range(got, expect, BF16)
+        else:
+            assert_close_to_range(got, expect, BF16)
+
+
 @pytest.mark.parametrize("case", [c for c, _ in CASES], ids=[i for _, i in CASES])
 def test_matches_float64_on_amx_hosts(rng, case):
     """Run where the host has AMX (elsewhere skipped); a wrong pairing is caught there too."""
@@ -198,13 +257,13 @@ def _pair_weights(mcpu) -> list[tuple]:
     return shapes
 
 
-@pytest.mark.parametrize("mcpu,rows", [("sapphirerapids", True), ("znver5", False)])
-def test_graph_pass_uses_row_pairs_on_amx_targets(mcpu, rows):
-    """The stem of a bf16 ResNet-18 runs on row pairs for an AMX target (a 5-D weight: 7
-    kernel rows of 11 pairs), on the per-tap pairs elsewhere (7-D)."""
+@pytest.mark.parametrize("mcpu", ["sapphirerapids", "znver5", "znver4"])
+def test_graph_pass_uses_row_pairs_for_the_stem(mcpu):
+    """The stem of a bf16 ResNet-18 runs on row pairs (a 5-D weight: 7 kernel rows of 11
+    pairs) for AMX and for vdpbf16ps targets, no stem on the per-tap pairs (7-D)."""
     shapes = _pair_weights(mcpu)
-    stem = [s for s in shapes if s[-4:-2] == ((7, 11) if rows else (7, 2))]
-    assert stem == [(1, 7, 11, 16, 2) if rows else (1, 1, 7, 7, 2, 16, 2)], shapes
+    assert [s for s in shapes if len(s) == 5] == [(1, 7, 11, 16, 2)], shapes
+    assert not [s for s in shapes if s[-4:-2] == (7, 2)], shapes
 
 
 def test_graph_pass_uses_wide_pairs_on_amx_targets():

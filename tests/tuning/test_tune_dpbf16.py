@@ -183,7 +183,9 @@ def test_pair_workloads_follow_their_blocked_twins():
                     continue
                 assert twins[t.name] == t and t.op in W.DPBF16_OPS and t.flops == w.flops
                 ko, co, kh, kw, cb, kb = w.shapes["weight"]
-                assert t.shapes["weight"] == (ko, co, kh, kw, (cb + 1) // 2, kb, 2)
+                # the stems (3 channels, one block) in row pairs, as the graph pass packs them
+                assert t.shapes["weight"] == ((ko, kh, (kw * cb + 1) // 2, kb, 2) if cb == 3
+                                              else (ko, co, kh, kw, (cb + 1) // 2, kb, 2))
                 assert "out_dtype" not in t.params
             f32 = [t for t in twins.values() if t.params.get("out_dtype") == "float32"]
             assert len(f32) == 1 and f32[0].name.endswith(".f32" + (".folded" if folded else ""))
@@ -305,7 +307,8 @@ def test_shipped_log_has_pair_records(spec, applies):
 def test_a_bf16_network_build_takes_the_pair_records():
     """ResNet-18 in bf16 for a Zen 5 (compiled, not run): its pair kernels are the registry's
     pair workloads as a build sees them, so they take the shipped records, the last conv too
-    (its float32 output and residual, which feed the pool: the ``.f32`` twin). Its 3x3
+    (its float32 output and residual, which feed the pool: the ``.f32`` twin), except the stem
+    (row pairs: no Zen 5 record). Its 3x3
     stride-1 convs at 56x56, 28x28 and 14x14 run Winograd with the pair products, whose
     schedule samples nothing (the products are the micro-kernel, their tile count the
     compute's padding): those run their one schedule, without a record."""
@@ -319,6 +322,8 @@ def test_a_bf16_network_build_takes_the_pair_records():
     _, report = build_with_report(mod, _target(ZEN5), dtype="bfloat16")
     untuned = [k for k in report.untuned if "dpbf16" in k]
     tuned = [k for k in report.tuned if "dpbf16" in k]
-    assert not untuned and len(tuned) == 10, (tuned, untuned)
+    # the stem runs on row pairs, of which the log has no record tuned on a Zen 5
+    assert untuned == ["topi_bn_conv2d_bn_act_dpbf16_nchwc"] and len(tuned) == 9, \
+        (tuned, untuned)
     winograd = [k for k in report.untuned if "winograd" in k]
-    assert len(winograd) == 6 and len(report.untuned) == 6, report.untuned
+    assert len(winograd) == 6 and len(report.untuned) == 7, report.untuned

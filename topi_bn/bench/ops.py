@@ -75,7 +75,7 @@ from ..build import build, schedule_prim_func
 from ..dtypes import round_to_bfloat16
 from ..layouts import (
     ChannelBlocking, nchw_to_nchwc, nchwc_to_nchw, pack_weight, pack_weight_pairs,
-    pack_winograd_weight,
+    pack_weight_row_pairs, pack_winograd_weight,
 )
 from ..relax import tvm_lowering
 from ..relax.blocked import dpbf16_applies
@@ -512,7 +512,8 @@ class TopiBnBf16(OpImpl):
                 w64 = np.asarray(round_to_bfloat16(w), np.float64).astype(np.float32)
                 packed = pack_winograd_weight(w64, twin.params["tile"], cb, kb)
             elif "dpbf16" in twin.op:
-                packed = pack_weight_pairs(w, cb, kb)
+                packed = pack_weight_row_pairs(w, kb) if len(twin.shapes["weight"]) == 5 \
+                    else pack_weight_pairs(w, cb, kb)
             else:
                 packed = pack_weight(w, cb, kb, wl.params.get("groups", 1))
             arrays = [nchw_to_nchwc(x, cb), packed, *bn]

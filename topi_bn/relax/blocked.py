@@ -23,12 +23,12 @@ function:
   Zen 4), Winograd with 2x2 tiles whose products are
   ``vdpbf16ps`` (the transformed weight rounded to bfloat16 once and paired,
   :func:`topi_bn.layouts.winograd_weight_pairs`), except on targets with AMX, where the pair
-  kernel's AMX tiles run it direct in less time (:func:`amx_tiles`); on those targets a conv
-  of few input channels (a 3-channel stem) takes its weight in row pairs instead
+  kernel's AMX tiles run it direct in less time (:func:`amx_tiles`); a pair conv of few
+  input channels (a 3-channel stem) takes its weight in row pairs instead
   (:func:`topi_bn.layouts.pack_weight_row_pairs`, where
   :func:`~topi_bn.schedules.cpu_conv_dpbf16.row_pairs_apply`): a kernel row's taps and
-  channels as one reduction, one AMX tile row per output position; other pair convs there
-  take wide pairs, up to 32 channels (several data blocks, gathered by the conv) per AMX
+  channels as one reduction (one AMX tile row, or one run of ``vdpbf16ps`` pairs, per
+  output position); other pair convs on AMX targets take wide pairs, up to 32 channels (several data blocks, gathered by the conv) per AMX
   instruction (:func:`~topi_bn.schedules.cpu_conv_dpbf16.amx_pair_block`);
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
@@ -525,10 +525,10 @@ class _ToBlocked(relax.PyExprMutator):
         elif pairs:
             compute = DPBF16_COMPUTES[compute]
             w = t["weight"].value.numpy()
-            # a conv of few channels (a stem) on AMX: a kernel row's taps and channels as one
+            # a conv of few channels (a stem): a kernel row's taps and channels as one
             # reduction in pairs
             amx = amx_tiles(self.target)
-            rows = amx and row_pairs_apply(w.shape, spec.in_block, options.get("dilation", 1))
+            rows = row_pairs_apply(w.shape, spec.in_block, options.get("dilation", 1))
             # else on AMX up to a tile row's 32 channels per instruction: wide pairs, which the
             # conv gathers from several data blocks
             padded = spec.in_block % 2 == 1 or any(_as_pair(options.get("padding", 0), 4))
