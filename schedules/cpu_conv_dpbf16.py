@@ -59,8 +59,8 @@ instead of 49 x 2. Records of ``vdpbf16ps`` tiles do not apply there
 tile whose one call sums the kernel rows the same way (the micro-kernel's loop over input
 blocks takes them), its accumulators started at 0 in registers: 77 instructions per 16
 outputs of a ResNet stem instead of 98, a quarter of them on a zero channel (on a Zen 4,
-ResNet-18 bf16's stem 0.73 -> 0.56 ms, per kernel in turns). ResNet-50 bf16 on a Sapphire Rapids (2 threads, in turns):
-25.0 ms on AMX tiles, 64.8 on ``vdpbf16ps``.
+ResNet-18 bf16's stem 0.73 -> 0.56 ms, per kernel in turns). ResNet-50 bf16 on a Sapphire
+Rapids (2 threads, in turns): 25.0 ms on AMX tiles, 64.8 on ``vdpbf16ps``.
 """
 # Long because: the pair conv's two micro-kernels (vdpbf16ps and AMX), their tensor intrinsics,
 # the tile knobs and the schedule share one loop structure.
@@ -601,8 +601,8 @@ def intrinsic_applies_to(name: str, target: Target, tuned_on: Target | None = No
     """Whether a tuning record that tensorizes with intrinsic ``name`` (tuned on ``tuned_on``,
     when known) applies to ``target``: its micro-kernel runs there (:func:`intrinsic_runs_on`),
     it is not a ``vdpbf16ps`` tile of several positions (or on row pairs) on a target with
-    AMX, whose pair convs run AMX tiles instead (such records, tuned on a Zen 5, would replace them), and a
-    ``vdpbf16ps`` tile was timed on vector pipes of the target's width
+    AMX, whose pair convs run AMX tiles instead (such records, tuned on a Zen 5, would replace
+    them), and a ``vdpbf16ps`` tile was timed on vector pipes of the target's width
     (``CpuParams.datapath_bits``: the Zen 5 records ran 5-7% slower than the defaults on a
     Zen 4, whose pipes are half as wide)."""
     m = _INTRIN_NAME.fullmatch(name)
@@ -610,7 +610,8 @@ def intrinsic_applies_to(name: str, target: Target, tuned_on: Target | None = No
     rows = rows if rows and rows.group(1) != "amx" else None  # a vdpbf16ps tile on row pairs
     if (m and int(m.group(2)) > 1 or rows) and amx_dpbf16(target):
         return False
-    if (m or rows) and tuned_on is not None and datapath_bits(tuned_on) != datapath_bits(target):
+    if (m or rows) and tuned_on is not None \
+            and datapath_bits(tuned_on) != datapath_bits(target):
         return False
     return intrinsic_runs_on(name, target)
 

@@ -164,10 +164,10 @@ def _dpbf16_calls(mod) -> list[str]:
 @pytest.mark.parametrize("mcpu", ["znver4", "haswell"])
 def test_vdpbf16ps_one_call_per_output_tile(rng, mcpu):
     """For a Zen 4 (compiled, not run here) and, by the float32 form, an AVX2 CPU: one
-    micro-kernel call per output tile of 2 blocks sums the 7 kernel rows (its loop over input blocks:
-    the trailing arguments 7, the row stride, the weight's row stride) of 11 pairs, the
-    positions 2 x 3 elements apart, the accumulators starting at 0 in the call (the init an
-    empty call); vdpbf16ps in the code for the Zen 4; the record names register."""
+    micro-kernel call per output tile of 2 blocks sums the 7 kernel rows (its loop over input
+    blocks: the trailing arguments 7, the row stride, the weight's row stride) of 11 pairs,
+    the positions 2 x 3 elements apart, the accumulators starting at 0 in the call (the init
+    an empty call); vdpbf16ps in the code for the Zen 4; the record names register."""
     ph, out, _, _ = _problem(rng, residual=False)
     mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
                                   _target(mcpu))
