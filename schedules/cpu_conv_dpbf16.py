@@ -358,6 +358,13 @@ def amx_zero_kernel_ir(tile: int, blocks: int = 1, lanes: int = LANES) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _accumulator_shape(tile: int, blocks: int, lanes: int) -> tuple[int, ...]:
+    """The output region one micro-kernel call covers: ``(tile, lanes)``, or with several
+    output blocks ``(blocks, 1, tile, lanes)`` (the block axis, then the output row's unit
+    axis between it and the positions)."""
+    return (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+
+
 def _zero_description(c_shape: tuple, blocks: int):
     """The description of a call that sets the accumulators ``C`` (``c_shape``, a block axis
     first where ``blocks`` > 1) to 0."""
@@ -394,7 +401,7 @@ def amx_zero_intrinsic(tile: int, blocks: int = 1, lanes: int = LANES,
         return name
     kernel = None if deferred else (amx_kernel_name(tile, blocks, lanes, "zero"),
                                     amx_zero_kernel_ir(tile, blocks, lanes))
-    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    c_shape = _accumulator_shape(tile, blocks, lanes)
     return _register_zero(name, c_shape, blocks, kernel)
 
 
@@ -408,7 +415,7 @@ def deferred_zero_intrinsic(tile: int, lanes: int = LANES, blocks: int = 1) -> s
         f"t{tile}_l{lanes}_deferred"
     if tvm.s_tir.TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    c_shape = (blocks, 1, tile, lanes) if blocks > 1 else (tile, lanes)
+    c_shape = _accumulator_shape(tile, blocks, lanes)
     return _register_zero(name, c_shape, blocks, None)
 
 
@@ -680,10 +687,8 @@ def pair_intrinsic(tile: int, stride: int, cb: int, native: bool, blocks: int = 
     ir = micro_kernel_ir(tile, native, blocks, lanes, fresh, chunked)
     fn = kernel_name(tile, native, blocks, lanes, fresh, chunked)
     x_shape, x_strides = (xw, cb), [T.int32(), 1]
-    if blocks == 1:
-        w_shape, c_shape = (pairs, lanes, 2), (tile, lanes)
-    else:
-        w_shape, c_shape = (blocks, 1, 1, 1, pairs, lanes, 2), (blocks, 1, tile, lanes)
+    c_shape = _accumulator_shape(tile, blocks, lanes)
+    w_shape = (pairs, lanes, 2) if blocks == 1 else (blocks, 1, 1, 1, pairs, lanes, 2)
     if chunked:
         x_shape, x_strides = (chunks, *x_shape), [T.int32(), *x_strides]
         w_shape = (chunks, *w_shape)
@@ -770,9 +775,9 @@ def amx_intrinsic(tile: int, stride: int, cb: int, blocks: int = 1, lanes: int =
     ir = amx_kernel_ir(tile, blocks, lanes, fresh)
     fn = amx_kernel_name(tile, blocks, lanes, "fresh" if fresh else "")
     x_shape, w_shape = (chunks, kh, xw, cb), (chunks, kh, kw, pairs, lanes, 2)
-    c_shape = (tile, lanes)
+    c_shape = _accumulator_shape(tile, blocks, lanes)
     if blocks > 1:
-        w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
+        w_shape = (blocks, *w_shape)
     # the axes the call sums or spans (input blocks, kernel rows and columns, output blocks:
     # where there are several)
     axes = {"i": chunks, "y": kh, "x": kw, "b": blocks}
@@ -871,9 +876,10 @@ def rows_intrinsic(tile: int, step: int, pairs: int, kh: int, blocks: int = 1,
     else:
         ir = micro_kernel_ir(tile, unit == "native", blocks, lanes, fresh, chunked=True)
         fn = kernel_name(tile, unit == "native", blocks, lanes, fresh, chunked=True)
-    x_shape, w_shape, c_shape = (kh, xw), (kh, pairs, lanes, 2), (tile, lanes)
+    x_shape, w_shape = (kh, xw), (kh, pairs, lanes, 2)
+    c_shape = _accumulator_shape(tile, blocks, lanes)
     if blocks > 1:
-        w_shape, c_shape = (blocks, *w_shape), (blocks, 1, tile, lanes)
+        w_shape = (blocks, *w_shape)
     positions = {"t": tile} if tile > 1 or blocks > 1 else {}
     desc = product_description(
         x_shape, w_shape, c_shape,

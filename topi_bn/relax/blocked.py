@@ -29,7 +29,8 @@ function:
   :func:`~topi_bn.schedules.cpu_conv_dpbf16.row_pairs_apply`): a kernel row's taps and
   channels as one reduction (one AMX tile row, or one run of ``vdpbf16ps`` pairs, per
   output position); other pair convs on AMX targets take wide pairs, up to 32 channels
-  (several data blocks, gathered by the conv) per AMX instruction (:func:`~topi_bn.schedules.cpu_conv_dpbf16.amx_pair_block`);
+  (several data blocks, gathered by the conv) per AMX instruction
+  (:func:`~topi_bn.schedules.cpu_conv_dpbf16.amx_pair_block`);
 - ``r = add(c, x)`` [``y = act(r)``], where ``c`` is a kernel without activation used only
   there and ``x`` has its shape, into one kernel with ``residual=x`` and the activation in its
   epilogue: ResNet's ``relu(bn(conv(x)) + identity)`` and MobileNetV2's ``bn(conv(x)) + x``;
