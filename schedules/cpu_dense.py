@@ -56,7 +56,14 @@ The rows are taken :data:`ROWS_PER_PASS` at a time (unrolled under each vector o
 a partial-sum vector is loaded and stored once per 8 rows rather than once per row (Zen 5, 2
 threads, in turns, weight in L3 / flushed: 1280x1000 float32 42.8 -> 34.2 / 110 -> 86 us,
 bfloat16 39.6 -> 24.7 / 77 -> 65 us; 2048x1000 float32 68 -> 49 us, bfloat16 62 -> 42 us warm;
-4 and 16 rows no better).
+4 and 16 rows no better). Read in place, a pass's rows are 8 streams N apart that each advance
+a vector at a time (a bfloat16 vector of 8 is 16 bytes), which the hardware prefetchers serve
+poorly from memory: a constant weight (a model's classifier) is laid out by the build as row
+blocks ``[K / 8, N / width, 8, width]``, the order the passes read it in, one stream per core
+(:data:`PACKED_ROW_BLOCKS`; Zen 4, 2 threads, per kernel inside the networks, weight from
+memory: MobileNetV2's 1280x1000 bfloat16 145 -> 82 us, float32 178 -> 158; ResNet-50's
+2048x1000 bfloat16 207 -> 124, float32 295 -> 243; the whole bfloat16 MobileNetV2 2.28 ->
+2.17 ms in turns).
 
 The vectors over N have the target's lanes when they divide N, else the largest power of two
 that does (:func:`vector_width`): 1000 classes on AVX-512 run in vectors of 8 (the weight comes
@@ -66,6 +73,8 @@ FMAs; issue 26: 0.94 / 1.67 ms for 1280x1000 / 2048x1000 on Zen 5, where reading
 takes 0.07 / 0.11 ms). Where no power of two of at least 4 divides N (odd N) Gemm declines and
 Matvec's N loop stays serial: LLVM's loop vectorizer makes it full-width vectors and a remainder.
 """
+# Long because: the two product schedules share matching, the epilogue and the build-time
+# packing of constant weights, which the module docstring measures.
 from __future__ import annotations
 
 import math
@@ -80,7 +89,8 @@ from .helpers import cpu_params, vector_width
 
 __all__ = ["Gemm", "Matvec", "Product", "product_block", "register_tile", "schedule_gemm",
            "schedule_matvec", "matvec_block", "MIN_ROWS", "CONSTANT_PARAMS", "PACKED_WEIGHT",
-           "pack_panels"]
+           "PACKED_ROW_BLOCKS", "pack_panels", "pack_row_blocks", "weight_packing",
+           "pack_weight"]
 
 #: Most vectors per tile (accumulators live in registers across the K loop).
 MAX_TILE_VECTORS = 8
@@ -96,6 +106,10 @@ CONSTANT_PARAMS = "topi_bn.constant_params"
 #: Block annotation of a :class:`Gemm` whose weight parameter it re-laid out as panels, ``[param
 #: position, nr]``: the build packs the constant the same way (``PackConstantWeights``).
 PACKED_WEIGHT = "topi_bn.packed_weight"
+
+#: Block annotation of a :class:`Matvec` whose weight parameter it re-laid out as row blocks,
+#: ``[param position, rows, width]``: the build packs the constant the same way.
+PACKED_ROW_BLOCKS = "topi_bn.packed_row_blocks"
 
 
 @dataclass(frozen=True)
@@ -221,9 +235,10 @@ class Matvec(ScheduleRule):
 def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is a matched product (module docstring);
     returns whether it did."""
-    b = matvec_block(sch)
-    if b is None:
+    prod = product_block(sch)
+    if prod is None or prod.batch or len(prod.rows) != 1:
         return False
+    b = prod.block
     p = cpu_params(target)
     lanes = p.lanes
     _, n_loop, k_loop = sch.get_loops(b)
@@ -238,7 +253,11 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     if width < min(4, lanes):
         width = 1  # odd N: a serial loop, which LLVM vectorizes with a remainder
     if p.cores > 1 and int(k_ext) % p.cores == 0:
-        _rows_per_core(sch, b, p.cores, width)
+        rows = _rows_per_pass(int(k_ext) // p.cores, width)
+        param = _constant_param(sch, prod)
+        if param is not None and rows > 1:
+            _row_blocks_at_build(sch, b, prod, rows, width, param)
+        _rows_per_core(sch, b, p.cores, width, rows)
     else:
         _tiles_over_n(sch, b, out, _tile(int(n_ext), width, lanes, p.cores), width)
     return True
@@ -248,17 +267,21 @@ def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
 ROWS_PER_PASS = 8
 
 
-def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, width: int) -> None:
+def _rows_per_pass(rows_per_core: int, width: int) -> int:
+    """:data:`ROWS_PER_PASS` where it divides a core's rows and N is in vectors, else 1."""
+    return ROWS_PER_PASS if width > 1 and rows_per_core % ROWS_PER_PASS == 0 else 1
+
+
+def _rows_per_core(sch: tvm.s_tir.Schedule, b, cores: int, width: int, rows: int) -> None:
     """K split into one chunk of rows per core, each streamed into a partial sum over all N in
-    vectors of ``width`` (1: a serial loop), :data:`ROWS_PER_PASS` rows per pass where they
-    divide the chunk; then the partial sums added with the epilogue (not scheduled)."""
+    vectors of ``width`` (1: a serial loop), ``rows`` rows per pass; then the partial sums
+    added with the epilogue (not scheduled)."""
     _, _, k = sch.get_loops(b)
     ko, _ = sch.split(k, [cores, None])
     rf = sch.rfactor(ko, 0)
     m, n, ko, ki = sch.get_loops(rf)
     if width > 1:
         no, ni = sch.split(n, [None, width])
-        rows = ROWS_PER_PASS if int(sch.get(ki).extent) % ROWS_PER_PASS == 0 else 1
         kio, kii = sch.split(ki, [None, rows])
         sch.reorder(ko, m, kio, no, kii, ni)
         sch.unroll(kii)
@@ -436,6 +459,47 @@ def pack_panels(weight, nr: int):
     ``nr`` columns wide (:data:`PACKED_WEIGHT`)."""
     k, n = weight.shape
     return weight.reshape(k, n // nr, nr).transpose(1, 0, 2).copy()
+
+
+def _row_blocks_at_build(sch: tvm.s_tir.Schedule, b, prod: Product, rows: int, width: int,
+                         param: int) -> None:
+    """The weight parameter of a :class:`Matvec` laid out as row blocks ``[K / rows, N / width,
+    rows, width]``, the order its passes read it in (one stream: read in place, the pass's
+    ``rows`` rows are ``rows`` streams N apart, each a vector at a time), the block annotated
+    :data:`PACKED_ROW_BLOCKS`; the build packs the constant so (:func:`pack_row_blocks`)."""
+    reads = sch.get(b).reads
+    at = next(i for i, r in enumerate(reads) if r.source.same_as(prod.right))
+    sch.transform_layout(b, ("read", at), IndexMap.from_func(
+        lambda k, n: [k // rows, n // width, k % rows, n % width], ndim=2))
+    sch.annotate(b, PACKED_ROW_BLOCKS, [param, rows, width])
+
+
+def pack_row_blocks(weight, rows: int, width: int):
+    """A ``(K, N)`` weight (NumPy) in the row blocks ``[K / rows, N / width, rows, width]`` of
+    a :class:`Matvec` (:data:`PACKED_ROW_BLOCKS`)."""
+    k, n = weight.shape
+    return weight.reshape(k // rows, rows, n // width, width).transpose(0, 2, 1, 3).copy()
+
+
+_PACKINGS = {PACKED_WEIGHT: pack_panels, PACKED_ROW_BLOCKS: pack_row_blocks}
+
+
+def weight_packing(annotations) -> tuple[int, tuple] | None:
+    """``(param position, layout)`` for a product block whose ``annotations`` say that the
+    schedule laid its constant weight out anew (:data:`PACKED_WEIGHT`,
+    :data:`PACKED_ROW_BLOCKS`), ``layout`` being what :func:`pack_weight` takes; else None."""
+    for key in _PACKINGS:
+        note = annotations.get(key)
+        if note is not None:
+            at, *sizes = (int(v) for v in note)
+            return at, (key, *sizes)
+    return None
+
+
+def pack_weight(weight, layout: tuple):
+    """A ``(K, N)`` weight (NumPy) in a ``layout`` of :func:`weight_packing`."""
+    key, *sizes = layout
+    return _PACKINGS[key](weight, *sizes)
 
 
 def _chunk(n: int, k: int, nr: int, p, by_chunk: bool) -> int:

@@ -1,18 +1,21 @@
 """Constant weights of matrix products packed by the build, not by every call.
 
 The CPU ``Gemm`` schedule (``schedules/cpu_dense.py``) reads its weight as panels ``[N / nr, K,
-nr]`` (one contiguous stream per tile column). A weight given at run time is copied into them
-inside the kernel, every call; a constant one (``linear`` / ``MatMul`` weights of a model, bound
-constants, ``params=``) is packed here, once, at build time, as the blocked conv's weights are
-(:mod:`topi_bn.relax.blocked`). Two module passes around the CPU schedules of
-:func:`topi_bn.relax.lowering.pipeline`:
+nr]`` (one contiguous stream per tile column), the ``Matvec`` (a classifier at batch 1) as row
+blocks ``[K / rows, N / width, rows, width]`` (one stream per core). A weight given at run time
+is copied into panels inside the Gemm, every call, and read in place by the Matvec; a constant
+one (``linear`` / ``MatMul`` weights of a model, bound constants, ``params=``, float32 or the
+bfloat16 a ``dtype="bfloat16"`` build made of them) is packed here, once, at build time, as the
+blocked conv's weights are (:mod:`topi_bn.relax.blocked`). Two module passes around the CPU
+schedules of :func:`topi_bn.relax.lowering.pipeline`:
 
 - :class:`MarkConstantParams` (before): each PrimFunc gets the attribute
-  ``CONSTANT_PARAMS``, the positions of its parameters that every call binds to a float32
-  constant; the ``Gemm`` rule then lays such a weight parameter out as panels instead of
-  copying it, and annotates its block ``PACKED_WEIGHT`` with the position and the panel width;
+  ``CONSTANT_PARAMS``, the positions of its parameters that every call binds to a float32 or
+  bfloat16 constant; the product rules then lay such a weight parameter out anew and annotate
+  their block with the position and the layout's sizes (``PACKED_WEIGHT``,
+  ``PACKED_ROW_BLOCKS``);
 - :class:`PackConstantWeights` (after): every call of such a function gets the constant
-  packed that way (:func:`topi_bn.schedules.cpu_dense.pack_panels`), and the attribute is
+  packed that way (:func:`topi_bn.schedules.cpu_dense.pack_weight`), and the attribute is
   dropped again.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from topi_bn.schedules.common import root_blocks
-from topi_bn.schedules.cpu_dense import CONSTANT_PARAMS, PACKED_WEIGHT, pack_panels
+from topi_bn.schedules.cpu_dense import CONSTANT_PARAMS, pack_weight, weight_packing
 
 from .analysis import constant_value
 from .registration import drop_unused_prim_funcs, mutate_relax_functions
@@ -63,15 +66,15 @@ def _tir_calls(mod: tvm.IRModule) -> dict:
     return {gv: args for gv, args in seen.calls.items() if gv not in seen.mentions}
 
 
-def _float32_constant(arg) -> bool:
+def _weight_constant(arg) -> bool:
     return isinstance(arg, Constant) and isinstance(arg.value, tvm.runtime.Tensor) \
-        and str(arg.value.dtype) == "float32"
+        and str(arg.value.dtype) in ("float32", "bfloat16")
 
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.MarkConstantParams")
 class MarkConstantParams:
     """Module pass: ``CONSTANT_PARAMS`` on every unscheduled PrimFunc with parameters that all
-    its calls bind to float32 constants (module docstring)."""
+    its calls bind to float32 or bfloat16 constants (module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         out = None
@@ -81,7 +84,7 @@ class MarkConstantParams:
                     or (func.attrs is not None and func.attrs.get("tirx.is_scheduled")):
                 continue
             marked = [i for i in range(len(calls[0]))
-                      if all(_float32_constant(args[i]) for args in calls)]
+                      if all(_weight_constant(args[i]) for args in calls)]
             if marked:
                 out = mod.clone() if out is None else out
                 out.update_func(gv, func.with_attr(CONSTANT_PARAMS, marked))
@@ -89,12 +92,13 @@ class MarkConstantParams:
 
 
 def _packed_weight(func: tvm.tirx.PrimFunc):
-    """``(param position, nr)`` of the block of ``func`` annotated ``PACKED_WEIGHT``, or None."""
+    """``(param position, layout)`` of the block of ``func`` whose schedule laid its weight
+    out anew (:func:`~topi_bn.schedules.cpu_dense.weight_packing`), or None."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    for block in root_blocks(sch):  # the Gemm nests no blocks
-        note = sch.get(block).annotations.get(PACKED_WEIGHT)
-        if note is not None:
-            return tuple(int(v) for v in note)
+    for block in root_blocks(sch):  # the products nest no blocks
+        found = weight_packing(sch.get(block).annotations)
+        if found is not None:
+            return found
     return None
 
 
@@ -109,19 +113,19 @@ class _Repack(relax.PyExprMutator):
         for gv in packed:  # else add_func finds the same function there and returns its old name
             del mod[gv]
         super().__init__(mod)
-        self.packed = {gv: (self.builder_.add_func(funcs[gv], gv.name_hint), at, nr)
-                       for gv, (at, nr) in packed.items()}
+        self.packed = {gv: (self.builder_.add_func(funcs[gv], gv.name_hint), at, layout)
+                       for gv, (at, layout) in packed.items()}
         self.cache: dict = {}
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not call.op.same_as(_CALL_TIR) or call.args[0] not in self.packed:
             return call
-        gv, at, nr = self.packed[call.args[0]]
+        gv, at, layout = self.packed[call.args[0]]
         args = list(call.args[1].fields)
-        key = (args[at], nr)
+        key = (args[at], layout)
         if key not in self.cache:
-            self.cache[key] = relax.const(pack_panels(constant_value(args[at]), nr))
+            self.cache[key] = relax.const(pack_weight(constant_value(args[at]), layout))
         args[at] = self.cache[key]
         return relax.Call(call.op, [gv, relax.Tuple(args), *call.args[2:]],
                           call.attrs, call.ty_args, call.span)
@@ -129,8 +133,8 @@ class _Repack(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="topi_bn.PackConstantWeights")
 class PackConstantWeights:
-    """Module pass: the constants of the weights the ``Gemm`` schedule laid out as panels
-    packed the same way at every call (module docstring); ``CONSTANT_PARAMS`` dropped."""
+    """Module pass: the constants of the weights the product schedules laid out anew packed
+    the same way at every call (module docstring); ``CONSTANT_PARAMS`` dropped."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         packed, out = {}, None
