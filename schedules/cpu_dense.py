@@ -202,12 +202,17 @@ def product_block(sch: tvm.s_tir.Schedule) -> Product | None:
                    loads[rights[0]].source)
 
 
+def _matvec_product(sch: tvm.s_tir.Schedule) -> Product | None:
+    """The function's product ``out[m, n] += x[m, k] * w[k, n]`` (no batch axes, one row
+    axis), or None."""
+    found = product_block(sch)
+    return None if found is None or found.batch or len(found.rows) != 1 else found
+
+
 def matvec_block(sch: tvm.s_tir.Schedule):
     """The ``out[m, n] += x[m, k] * w[k, n]`` block of the function, or None."""
-    found = product_block(sch)
-    if found is None or found.batch or len(found.rows) != 1:
-        return None
-    return found.block
+    found = _matvec_product(sch)
+    return None if found is None else found.block
 
 
 def _tile(n: int, width: int, lanes: int, cores: int) -> int:
@@ -235,8 +240,8 @@ class Matvec(ScheduleRule):
 def schedule_matvec(sch: tvm.s_tir.Schedule, target: Target) -> bool:
     """Schedule the function in ``sch`` when it is a matched product (module docstring);
     returns whether it did."""
-    prod = product_block(sch)
-    if prod is None or prod.batch or len(prod.rows) != 1:
+    prod = _matvec_product(sch)
+    if prod is None:
         return False
     b = prod.block
     p = cpu_params(target)
@@ -447,11 +452,18 @@ def _panels_at_build(sch: tvm.s_tir.Schedule, b, prod: Product, nr: int, param: 
     """The weight parameter itself laid out as the panels ``[N / nr, K, nr]`` that
     :func:`_pack_right` would copy it into, the block annotated :data:`PACKED_WEIGHT`: the
     build packs the constant once (:func:`pack_panels`) instead of every call copying it."""
+    _weight_laid_out(sch, b, prod, lambda k, n: [n // nr, k, n % nr], PACKED_WEIGHT,
+                     [param, nr])
+
+
+def _weight_laid_out(sch: tvm.s_tir.Schedule, b, prod: Product, mapping, key: str,
+                     note: list) -> None:
+    """The product's weight parameter re-laid out by ``mapping`` of ``(k, n)``, the block
+    annotated ``key``: ``note`` (the parameter's position and the layout's sizes)."""
     reads = sch.get(b).reads
     at = next(i for i, r in enumerate(reads) if r.source.same_as(prod.right))
-    sch.transform_layout(b, ("read", at), IndexMap.from_func(
-        lambda k, n: [n // nr, k, n % nr], ndim=2))
-    sch.annotate(b, PACKED_WEIGHT, [param, nr])
+    sch.transform_layout(b, ("read", at), IndexMap.from_func(mapping, ndim=2))
+    sch.annotate(b, key, note)
 
 
 def pack_panels(weight, nr: int):
@@ -467,11 +479,8 @@ def _row_blocks_at_build(sch: tvm.s_tir.Schedule, b, prod: Product, rows: int, w
     rows, width]``, the order its passes read it in (one stream: read in place, the pass's
     ``rows`` rows are ``rows`` streams N apart, each a vector at a time), the block annotated
     :data:`PACKED_ROW_BLOCKS`; the build packs the constant so (:func:`pack_row_blocks`)."""
-    reads = sch.get(b).reads
-    at = next(i for i, r in enumerate(reads) if r.source.same_as(prod.right))
-    sch.transform_layout(b, ("read", at), IndexMap.from_func(
-        lambda k, n: [k // rows, n // width, k % rows, n % width], ndim=2))
-    sch.annotate(b, PACKED_ROW_BLOCKS, [param, rows, width])
+    _weight_laid_out(sch, b, prod, lambda k, n: [k // rows, n // width, k % rows, n % width],
+                     PACKED_ROW_BLOCKS, [param, rows, width])
 
 
 def pack_row_blocks(weight, rows: int, width: int):
