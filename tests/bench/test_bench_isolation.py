@@ -111,6 +111,25 @@ def test_worker_processes_take_turns_one_at_a_time(tmp_path):
     assert by["a1"].extra["speedup_vs"].keys() == {"a2", "b"}
 
 
+def test_bf16_rows_take_the_float32_rows_turns(tmp_path):
+    """A workload's bfloat16 rows are timed in the same rounds as its float32 rows (a ratio
+    between a bf16 build and the float32 one is then not the drift of the machine between two
+    batches of rounds), and are still compared only with each other."""
+    log = tmp_path / "calls.log"
+    f32 = Logged("f32", "rt-a", log, kind="topi-bn")
+    b16, peer16 = Logged("b16", "rt-a", log, kind="topi-bn"), Logged("peer16", "rt-b", log)
+    b16.dtype = peer16.dtype = "bfloat16"
+    cfg = bench.BenchConfig.smoke(threads=1, rounds=3, min_round_ms=0.0)
+    results = bench.bench_workloads([W.get("smoke.layer_norm_16x64")], cfg,
+                                    impls=[f32, b16, peer16], report=lambda _msg: None)
+    by = {r.impl: r for r in results}
+    assert all(r.error == "" and r.check == "ok" for r in results)
+    names = [c[0] for c in _calls(log)]
+    assert names[-18:] == ["f32", "f32", "b16", "b16", "peer16", "peer16"] * 3
+    assert "speedup_vs" not in by["f32"].extra or not by["f32"].extra["speedup_vs"]
+    assert by["b16"].extra["speedup_vs"].keys() == {"peer16"}
+
+
 def test_a_failing_worker_is_a_failed_row(tmp_path):
     """A worker that dies while timed fails its rows (with the signal and its last output),
     not the run; the other runtimes are still timed, the next workload gets a new worker. An

@@ -269,6 +269,15 @@ def test_bf16_rows_beside_float32():
         assert r.dtype == ("float32" if r.impl == impls[0] else "bfloat16")
     assert set(by["topi-bn fused bf16 (torch.export)"].extra["speedup_vs"]) == \
         {"torch autocast bf16"}
+    # the bf16 build is timed in turns with the float32 build of its mode, which the report's
+    # bf16-over-float32 line reads (the folded float32 build did not run: no line for it)
+    turns = by["topi-bn fused bf16 (torch.export)"].extra["in_turns_ms"]
+    assert list(turns) == ["fused bf16", "fused"] and all(v > 0 for v in turns.values())
+    assert "in_turns_ms" not in by["topi-bn folded bf16 (torch.export)"].extra
+    from topi_bn.bench.report import bf16_ratios
+    assert bf16_ratios(nets) == [
+        f"- tiny: fused float32 {turns['fused']:.2f} ms, fused bf16 {turns['fused bf16']:.2f} "
+        f"ms (bf16 over float32 {turns['fused'] / turns['fused bf16']:.2f}x, timed in turns)"]
 
 
 def test_openvino_bf16_says_what_it_ran():

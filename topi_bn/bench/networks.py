@@ -26,7 +26,9 @@ outputs checked against PyTorch float32 at bfloat16's tolerance, :func:`check_ne
 bf16 (torch.export)`` and ``topi-bn folded bf16 (torch.export)`` (``topi_bn.build(...,
 dtype="bfloat16")``), ``torch autocast bf16`` (the model under ``torch.autocast("cpu",
 torch.bfloat16)``) and ``openvino bf16`` (``INFERENCE_PRECISION_HINT=bf16``; the note says what
-OpenVINO ran: a CPU without native bf16 may refuse the hint and run float32).
+OpenVINO ran: a CPU without native bf16 may refuse the hint and run float32). They are timed in
+the same turns as the float32 rows, and a topi-bn bf16 build's time over the float32 build of
+its mode is a line of the report (:func:`~topi_bn.bench.report.bf16_ratios`).
 
 Import paths (:data:`IMPORT_PATHS`):
 
@@ -408,11 +410,8 @@ class TopiBnBuild(NetworkImpl):
         # Builds whose difference is smaller than the drift between two whole-network timings
         # taken minutes apart are timed in turns with the build they are compared with: an
         # ONNX build with the torch.export build of its mode, the folded torch.export build
-        # with the fused one.
-        if self.dtype != "float32":  # compared with the other bf16 rows, in the run's turns
-            return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
-                            precision=self.dtype)
-        if self.path == "torch.export" and self.winograd:
+        # with the fused one, a bf16 build with the float32 build of its mode.
+        if self.dtype == "float32" and self.path == "torch.export" and self.winograd:
             ctx.put(f"run:{self.mode}:{self.layout}", run)
         timer = None
         partner = self._partner()
@@ -421,17 +420,19 @@ class TopiBnBuild(NetworkImpl):
             timer = functools.partial(_time_in_turns_with, run, self._label(),
                                       {partner[0]: other}, info)
         return Prepared(run, output, build_s=build_s, info=info, note=format_counts(info),
-                        timer=timer)
+                        timer=timer, precision="" if self.dtype == "float32" else self.dtype)
 
     def _label(self) -> str:
+        if self.dtype != "float32":
+            return f"{self.mode} bf16"
         if not self.winograd:
             return "direct"
         return self.path if self.path == "ONNX" else self.mode
 
     def _partner(self) -> tuple[str, str] | None:
         """(label, context key) of the build this one is timed in turns with, if any."""
-        if self.dtype != "float32":
-            return None
+        if self.dtype != "float32":  # the float32 build of its mode
+            return self.mode, f"run:{self.mode}:{self.layout}"
         if not self.winograd:
             return self.mode, f"run:{self.mode}:{self.layout}"
         if self.path == "ONNX":
@@ -445,7 +446,7 @@ class TopiBnBuild(NetworkImpl):
         if partner is None:
             return None
         label, _ = partner
-        if not self.winograd:
+        if self.dtype != "float32" or not self.winograd:
             other = TopiBnBuild(self.mode, self.path, self.layout)
         elif self.path == "ONNX":
             other = TopiBnBuild(self.mode, "torch.export", self.layout)

@@ -22,9 +22,8 @@ from .timing import Timing
 
 __all__ = ["machine_info", "to_json", "format_table", "format_summary", "primary_impl",
            "geomean_speedups", "format_networks", "import_path_ratios", "fused_folded_ratios",
-           "winograd_ratios", "ort_ratios", "peer_ratios", "timing_method", "RUNTIME_DEFAULTS",
-           "results_markdown",
-           "entry_name"]
+           "bf16_ratios", "winograd_ratios", "ort_ratios", "peer_ratios", "timing_method",
+           "RUNTIME_DEFAULTS", "results_markdown", "entry_name"]
 
 
 # -- provenance ------------------------------------------------------------------------------
@@ -381,6 +380,15 @@ def ort_ratios(results: Sequence[Result]) -> list[str]:
     return peer_ratios(results, "onnxruntime", "ONNX Runtime")
 
 
+def bf16_ratios(results: Sequence[Result]) -> list[str]:
+    """Per network: the float32 fused and folded builds' times over their bf16 builds'
+    (torch.export, blocked layout), timed in turns (:func:`topi_bn.bench.networks`)."""
+    return [f"- {net}: {mode} float32 {f32:.2f} ms, {mode} bf16 {bf16:.2f} ms (bf16 over "
+            f"float32 {f32 / bf16:.2f}x, timed in turns)"
+            for mode in ("fused", "folded")
+            for net, bf16, f32 in _in_turns(results, f"{mode} bf16", mode)]
+
+
 def winograd_ratios(results: Sequence[Result]) -> list[str]:
     """Per network: the fused build's time (3x3 convs by Winograd's algorithm) over the same
     build with the direct kernel everywhere (``winograd=False``), timed in turns."""
@@ -574,6 +582,10 @@ def results_markdown(results: Sequence[Result], machine: dict, bandwidth: dict |
         ratios = fused_folded_ratios(networks)
         if ratios:
             lines += ["Fused and folded builds (torch.export, blocked layout):", "", *ratios,
+                      ""]
+        ratios = bf16_ratios(networks)
+        if ratios:
+            lines += ["bf16 and float32 builds (torch.export, blocked layout):", "", *ratios,
                       ""]
         ratios = winograd_ratios(networks)
         if ratios:

@@ -265,7 +265,8 @@ def run_cases(cases: Iterable[Case], cfg: BenchConfig,
 
         for case in cases:
             together = in_turns or (isolated and case.runtime is not None)
-            if batch and not (together and case.result.group == batch[0].result.group):
+            # one workload's cases, every dtype: its bf16 rows in the float32 rows' turns
+            if batch and not (together and case.result.workload == batch[0].result.workload):
                 results += flush()
                 batch = []
             batch.append(case)
