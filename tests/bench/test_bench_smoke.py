@@ -2,6 +2,7 @@
 ``topi-bn bench`` are exercised from here): the ``smoke`` workloads, one round, every
 implementation, outputs checked against float64; no timing is asserted."""
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -155,6 +156,21 @@ def test_bad_bench_arguments_exit_2_with_one_line(argv, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_network_rounds_follow_the_run():
+    """A network is timed for the run's rounds (``--rounds``; 7 by default, as per layer),
+    except a build too slow to repeat, timed once."""
+    pytest.importorskip("torch")
+    from topi_bn.bench import networks as nb
+    from topi_bn.bench.runner import resolve_bench_target
+
+    assert bench.BenchConfig().rounds == 7
+    cfg = bench.BenchConfig.smoke(threads=1, rounds=9)
+    net = dataclasses.replace(nb.tiny_network(), time_once=frozenset({"torch"}))
+    impls = [i for i in nb.NETWORK_IMPLS if i.name in ("topi-bn fused (torch.export)", "torch")]
+    cases = list(nb.network_cases([net], cfg, resolve_bench_target("x86", 1), 1, impls))
+    assert {c.result.impl: c.rounds for c in cases} == {impls[0].name: 9, "torch": 1}
 
 
 def test_tiny_network_runner():
