@@ -431,9 +431,7 @@ class TopiBnBuild(NetworkImpl):
 
     def _partner(self) -> tuple[str, str] | None:
         """(label, context key) of the build this one is timed in turns with, if any."""
-        if self.dtype != "float32":  # the float32 build of its mode
-            return self.mode, f"run:{self.mode}:{self.layout}"
-        if not self.winograd:
+        if self.dtype != "float32" or not self.winograd:  # the float32 Winograd build
             return self.mode, f"run:{self.mode}:{self.layout}"
         if self.path == "ONNX":
             return "torch.export", f"run:{self.mode}:{self.layout}"
