@@ -49,7 +49,13 @@ call of ``memset``, after which LLVM reloads the tile configuration). With wide 
 (:func:`amx_pair_block`: the weight's block of up to 32 channels, a tile row, gathered from
 several data blocks by the conv's padding stage, which runs one vector per data block) one
 ``tdpbf16ps`` reduces 32 channels rather than one 16-channel data block: ResNet-50 bf16
-21.8 -> 18.9 ms in turns. A conv on row pairs (a 5-D weight: a 3-channel stem's kernel row of
+21.8 -> 18.9 ms in turns. Where the weight of a tile's output blocks is larger than
+:data:`AMX_WEIGHT_SLICE_BYTES` (ResNet's convs of 128 channels and more), the conv runs
+weight stationary instead (:func:`_stationary_plan`): a task takes several output rows, their
+accumulators kept in a float32 buffer that fits L1, and the reduction runs a weight slice
+that fits L1 at a time (a call per slice and output tile, its accumulators loaded and
+stored) over all the task's tiles, rather than one call per output tile reading the whole
+weight from L2. A conv on row pairs (a 5-D weight: a 3-channel stem's kernel row of
 taps and channels as one reduction,
 :mod:`topi_bn.compute.conv2d_dpbf16_nchwc`) reads one tile row per output position ``stride
 x channels`` elements after the previous one and sums the kernel rows in one call
@@ -256,6 +262,15 @@ AMX_MAX_ROWS = 16
 #: networks in turns with 2 rows: MobileNetV2 0.94x, 0.94x, 0.97x, ResNet-50 0.93x (4 rows:
 #: no better than 2)
 AMX_TASK_ROWS = 2
+#: the most weight bytes one AMX call reads (its input blocks x taps x output blocks): the L1d
+#: of Sapphire Rapids and later. A conv whose weight for a tile's output blocks is larger runs
+#: weight stationary (:func:`_stationary_plan`): each call then reads one such slice, which
+#: the task's output tiles reuse from L1, where one call per output tile read the whole
+#: weight from L2. On the Xeon of docs/bf16.md (thirty-eighth session), whole bf16 networks
+#: in turns: ResNet-18 2.95 -> 2.59 ms, ResNet-50 7.08 -> 6.55, outputs bit-identical (at 32
+#: KiB: 2.67 and 6.58); a weight that stays in L1 (every call reading the same slice: wrong
+#: numerics, an upper bound) ran ResNet-18 in 2.05 ms
+AMX_WEIGHT_SLICE_BYTES = 48 * 1024
 #: Linux's ``arch_prctl`` system call and its request for the AMX tile data state
 #: (``ARCH_REQ_XCOMP_PERM``, ``XFEATURE_XTILEDATA``): a process must ask before its first tile
 #: instruction, or that instruction faults (SIGILL)
@@ -1072,6 +1087,12 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
         raise ValueError(f"variant: {choice} does not divide OW {facts[0]} and the "
                          f"{facts[1]} output blocks")
     tile, n_blocks = choice.tile, choice.blocks
+    # AMX with a weight beyond L1: weight stationary
+    plan = _stationary_plan(sch.get(conv), choice, lanes, p) \
+        if choice.amx and len(_weight(sch.get(conv)).shape) == 7 else None
+    if plan is not None:
+        _schedule_amx_stationary(sch, conv, act, choice, lanes, x_buf, plan)
+        return
     ow_o, ow_i = sch.split(ow, [None, tile])
     ko_o, ko_i = sch.split(ko, [None, n_blocks])
     # AMX: a task takes AMX_TASK_ROWS output rows where they divide OH (each task loads the
@@ -1125,14 +1146,83 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
                                     taps if amx_taps else (1, 1), fresh))
     else:
         sch.tensorize(at, pair_intrinsic(tile, stride, cb, p.bf16_dot, n_blocks, lanes))
-    if x_buf is not None:
-        pn, pc, py, px, pci = sch.get_loops(x_buf)
-        sch.parallel(sch.fuse(pn, pc, py))
-        # wide pairs: the data's blocks one after another (each a contiguous vector)
-        data_block = int(sch.get(x_buf).reads[0].source.shape[-1])
-        if cb % data_block == 0 and cb > data_block:
-            pci = sch.split(pci, [None, data_block])[1]
-        sch.vectorize(pci)
+    _schedule_padding(sch, x_buf, cb)
+
+
+def _schedule_padding(sch, x_buf, cb: int) -> None:
+    """The conv's padding stage ``x_buf`` (None: it has none), data blocks gathered into
+    pairs of ``cb`` channels: parallel over its rows, vectorized along the channels."""
+    if x_buf is None:
+        return
+    pn, pc, py, px, pci = sch.get_loops(x_buf)
+    sch.parallel(sch.fuse(pn, pc, py))
+    # wide pairs: the data's blocks one after another (each a contiguous vector)
+    data_block = int(sch.get(x_buf).reads[0].source.shape[-1])
+    if cb % data_block == 0 and cb > data_block:
+        pci = sch.split(pci, [None, data_block])[1]
+    sch.vectorize(pci)
+
+
+def _stationary_plan(conv, choice: PairTile, lanes: int, p) -> tuple[int, int] | None:
+    """``(rows, chunks)`` of the weight-stationary AMX schedule of the ``conv`` block (7-D pair
+    weight) with tile ``choice``, or None where its weight for ``choice.blocks`` output blocks
+    fits :data:`AMX_WEIGHT_SLICE_BYTES`: a task's output rows (the most whose float32
+    accumulators fit ``p.l1_bytes``) and the input blocks per call (the most whose weight
+    slice fits :data:`AMX_WEIGHT_SLICE_BYTES`)."""
+    _, _, oh, ow, _ = (int(d) for d in conv.writes[0].source.shape)
+    weight = _weight(conv)
+    chunks = int(weight.shape[1])
+    w_bytes = math.prod(int(d) for d in weight.shape[1:]) * 2 * choice.blocks
+    if w_bytes <= AMX_WEIGHT_SLICE_BYTES:
+        return None
+    row_bytes = ow * choice.blocks * lanes * 4
+    rows = [r for r in divisors(oh) if r * row_bytes <= p.l1_bytes]
+    if not rows:
+        return None
+    per_chunk = w_bytes // chunks
+    split = [c for c in divisors(chunks) if c * per_chunk <= AMX_WEIGHT_SLICE_BYTES] or [1]
+    return rows[-1], split[-1]
+
+
+def _schedule_amx_stationary(sch, conv, act, choice: PairTile, lanes: int, x_buf, plan):
+    """The AMX conv whose weight does not fit L1, weight stationary (``plan`` from
+    :func:`_stationary_plan`): a task is ``rows`` output rows of ``choice.blocks`` output
+    blocks, its float32 accumulators a buffer that stays in L1 while the reduction runs
+    ``split`` input blocks at a time (one call each, accumulators loaded and stored) over
+    every output tile of the task, so each weight slice is read from L1 once per tile rather
+    than from L2."""
+    rows, split = plan
+    n, ko, oh, ow, kb = sch.get_loops(act)
+    tile, n_blocks = choice.tile, choice.blocks
+    ow_o, ow_i = sch.split(ow, [None, tile])
+    ko_o, ko_i = sch.split(ko, [None, n_blocks])
+    oh_o, oh_i = sch.split(oh, [None, rows])
+    sch.reorder(n, ko_o, oh_o, oh_i, ow_o, ko_i, ow_i, kb)
+    task = sch.fuse(n, ko_o, oh_o)
+    sch.parallel(task)
+    sch.unroll(ko_i)
+    sch.unroll(ow_i)
+    sch.vectorize(kb)
+    sch.compute_at(conv, task, preserve_unit_loops=True)
+    c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rp, rt = sch.get_loops(conv)[-10:]
+    stride = _stride(sch.get(conv))
+    cb = int(sch.get(rp).extent) * 2
+    taps = (int(sch.get(ry).extent), int(sch.get(rx).extent))
+    amx_taps = min(taps) > 1 and _dilation(sch.get(conv)) == (1, 1)
+    c_ow_o, c_ow_i = sch.split(c_ow, [None, tile])
+    rco_o, rco_i = sch.split(rco, [None, split])
+    if amx_taps:
+        inner = (rco_i, ry, rx, c_ko) if n_blocks > 1 else (c_ko, rco_i, ry, rx)
+    else:
+        inner = (ry, rx, rco_i, c_ko) if n_blocks > 1 else (ry, rx, c_ko, rco_i)
+    sch.reorder(c_n, rco_o, c_oh, c_ow_o, *inner, c_ow_i, c_kb, rp, rt)
+    init = sch.decompose_reduction(conv, rco_o)
+    _start_accumulators(sch, init, choice, lanes, False)
+    at = c_ko if n_blocks > 1 else c_ow_i
+    sch.tensorize(rco_i if split > 1 else ry if amx_taps else at,
+                  amx_intrinsic(tile, stride, cb, n_blocks, lanes, split,
+                                taps if amx_taps else (1, 1), False))
+    _schedule_padding(sch, x_buf, cb)
 
 
 def _start_accumulators(sch, init, choice: PairTile, lanes: int, fresh: bool = False) -> None:

@@ -17,7 +17,7 @@ from topi_bn.compute import conv2d_bn_act_dpbf16_nchwc, conv2d_shift_act_dpbf16_
 from topi_bn.dtypes import round_to_bfloat16
 from topi_bn.schedules import apply_default_schedules
 from topi_bn.schedules.cpu_conv_dpbf16 import (
-    AMX_MAX_BLOCKS, AMX_MAX_ROWS, AMX_TASK_ROWS, PairTile, amx_default_blocks, amx_dpbf16,
+    AMX_MAX_BLOCKS, AMX_MAX_ROWS, AMX_TASK_ROWS, AMX_WEIGHT_SLICE_BYTES, PairTile, amx_default_blocks, amx_dpbf16,
     amx_intrinsic, amx_kernel_ir, amx_pair_block, amx_zero_kernel_ir, intrinsic_applies_to,
     intrinsic_runs_on, native_dpbf16, pair_tile_candidates, register_intrinsics_named_in,
 )
@@ -288,6 +288,39 @@ def test_amx_tasks_take_two_rows(rng, hw, tasks):
     assert extents == [tasks], extents
 
 
+@pytest.mark.parametrize("case,chunks,taps,tasks", [
+    # 3x3, 256 channels in 8 pairs of 32, 2 output blocks per tile: 147 KiB of weight, 18 KiB
+    # per input block; 2 blocks per call; all 7 rows in one task per tile's 2 blocks
+    (dict(c=256, hw=7, k=64, wide=32), 2, (3, 3), 2),
+    # 1x1, 1024 channels in 32 pairs of 32: 64 KiB, 2 KiB per input block: 16 per call
+    (dict(c=1024, hw=7, k=64, ksz=1, wide=32), 16, (1, 1), 2),
+    # 14x14: 14 rows of float32 accumulators (2 blocks) are 25 KiB, one task per 2 blocks
+    (dict(c=256, hw=14, k=32, wide=32), 2, (3, 3), 1),
+    # 28x28: 3.5 KiB per row, 7 rows per task
+    (dict(c=256, hw=28, k=32, wide=32), 2, (3, 3), 4),
+], ids=["3x3_7x7", "1x1_7x7", "3x3_14x14", "3x3_28x28"])
+def test_weight_beyond_l1_runs_weight_stationary(rng, case, chunks, taps, tasks):
+    """An AMX conv whose weight for a tile's output blocks is over AMX_WEIGHT_SLICE_BYTES
+    runs weight stationary: a task takes several output rows, its accumulators are zeroed
+    once by a stored zero, and each call sums a slice of the input blocks that fits
+    AMX_WEIGHT_SLICE_BYTES, loading and storing the accumulators (not fresh)."""
+    ph, out, _, _ = _problem(rng, **case)
+    mod = apply_default_schedules(tvm.IRModule({"main": te.create_prim_func(ph + [out])}),
+                                  _spr())
+    script = mod.script()
+    (call,) = _calls(mod)
+    cast = r'T\.Cast\("int32", [^)]*\)'
+    (args,) = re.findall(rf", (\d+), {cast}, {cast}, (\d+), (\d+), ", call)
+    assert args == (str(chunks), *(str(t) for t in taps)), call
+    # the slice a call reads: input blocks x taps x 2 output blocks of 16 x 32 channels, bf16
+    slice_bytes = chunks * taps[0] * taps[1] * 2 * 16 * 32 * 2
+    assert slice_bytes <= AMX_WEIGHT_SLICE_BYTES < 2 * slice_bytes
+    assert '"tb_amx_t' in call and "tb_amx_fresh" not in call, call
+    assert '"tb_amx_zero_t' in script
+    extents = [int(e) for e in re.findall(r"T\.parallel\((?:T\.int64\()?(\d+)", script)]
+    assert extents[-1] == tasks, extents
+
+
 def test_taps_outside_the_call_keep_the_stored_zero():
     """A dilated 3x3 conv's taps are separate calls on the same accumulators: the first must
     not start at 0 by itself, so its tile starts from the zero the init call stores."""
@@ -315,6 +348,11 @@ CASES = [
     (dict(c=64, hw=14, k=32, wide=32), "3x3, wide pairs of 32 channels"),
     (dict(c=64, hw=14, k=32, ksz=1, wide=32), "1x1, wide pairs of 32 channels"),
     (dict(c=24, cb=8, hw=14, k=48, ksz=1, wide=24, folded=True), "1x1 folded, 24 channels"),
+    (dict(c=256, hw=7, k=64, wide=32), "3x3 weight stationary, 7x7"),
+    (dict(c=256, hw=14, k=32, stride=2, wide=32, folded=True),
+     "3x3 stride 2 weight stationary, folded"),
+    (dict(c=1024, hw=7, k=32, ksz=1, wide=32), "1x1 weight stationary"),
+    (dict(c=256, hw=28, k=32, wide=32), "3x3 weight stationary, 4 tasks of 7 rows"),
 ]
 
 
