@@ -50,7 +50,8 @@ call of ``memset``, after which LLVM reloads the tile configuration). With wide 
 several data blocks by the conv's padding stage, which runs one vector per data block) one
 ``tdpbf16ps`` reduces 32 channels rather than one 16-channel data block: ResNet-50 bf16
 21.8 -> 18.9 ms in turns. Where the weight of a tile's output blocks is larger than
-:data:`AMX_WEIGHT_SLICE_BYTES` (ResNet's convs of 128 channels and more), the conv runs
+:data:`AMX_WEIGHT_SLICE_BYTES` (ResNet's 3x3 convs of 128 channels and more, its 1x1 convs
+of 1024 input channels and more), the conv runs
 weight stationary instead (:func:`_stationary_plan`): a task takes several output rows, their
 accumulators kept in a float32 buffer that fits L1, and the reduction runs a weight slice
 that fits L1 at a time (a call per slice and output tile, its accumulators loaded and
