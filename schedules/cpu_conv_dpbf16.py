@@ -1088,27 +1088,29 @@ def schedule_conv_dpbf16(sch: tvm.s_tir.Schedule, conv, target: Target,
         raise ValueError(f"variant: {choice} does not divide OW {facts[0]} and the "
                          f"{facts[1]} output blocks")
     tile, n_blocks = choice.tile, choice.blocks
-    # AMX with a weight beyond L1: weight stationary
+    # AMX with a weight beyond L1: weight stationary, a task of the plan's rows
     plan = _stationary_plan(sch.get(conv), choice, lanes, p) \
         if choice.amx and len(_weight(sch.get(conv)).shape) == 7 else None
-    if plan is not None:
-        _schedule_amx_stationary(sch, conv, act, choice, lanes, x_buf, plan)
-        return
     ow_o, ow_i = sch.split(ow, [None, tile])
     ko_o, ko_i = sch.split(ko, [None, n_blocks])
     # AMX: a task takes AMX_TASK_ROWS output rows where they divide OH (each task loads the
     # tile configuration and allocates its accumulators once)
+    rows = plan[0] if plan else AMX_TASK_ROWS if choice.amx else 0
     task_rows = ()
-    if choice.amx and int(sch.get(oh).extent) % AMX_TASK_ROWS == 0:
-        oh, oh_i = sch.split(oh, [None, AMX_TASK_ROWS])
+    if rows and int(sch.get(oh).extent) % rows == 0:
+        oh, oh_i = sch.split(oh, [None, rows])
         task_rows = (oh_i,)
-    outer = (oh, ko_o) if choice.rows_outer else (ko_o, oh)
+    outer = (oh, ko_o) if choice.rows_outer and not plan else (ko_o, oh)
     sch.reorder(n, *outer, *task_rows, ow_o, ko_i, ow_i, kb)
     task = sch.fuse(n, *outer)
     sch.parallel(task)
     sch.unroll(ko_i)
     sch.unroll(ow_i)
     sch.vectorize(kb)
+    if plan:  # the conv's accumulators: the task's whole output
+        sch.compute_at(conv, task, preserve_unit_loops=True)
+        _schedule_amx_stationary(sch, conv, choice, lanes, x_buf, plan[1])
+        return
     # the conv's register tile under the epilogue's tile: accumulators over the whole reduction
     sch.compute_at(conv, ow_o, preserve_unit_loops=True)
     if len(_weight(sch.get(conv)).shape) == 5:
@@ -1170,10 +1172,10 @@ def _stationary_plan(conv, choice: PairTile, lanes: int, p) -> tuple[int, int] |
     fits :data:`AMX_WEIGHT_SLICE_BYTES`: a task's output rows (the most whose float32
     accumulators fit ``p.l1_bytes``) and the input blocks per call (the most whose weight
     slice fits :data:`AMX_WEIGHT_SLICE_BYTES`)."""
-    _, _, oh, ow, _ = (int(d) for d in conv.writes[0].source.shape)
-    weight = _weight(conv)
-    chunks = int(weight.shape[1])
-    w_bytes = math.prod(int(d) for d in weight.shape[1:]) * 2 * choice.blocks
+    oh = int(conv.writes[0].source.shape[2])
+    ow, k_blocks, weight_bytes = _tile_facts(conv)
+    chunks = int(_weight(conv).shape[1])
+    w_bytes = weight_bytes // k_blocks * choice.blocks
     if w_bytes <= AMX_WEIGHT_SLICE_BYTES:
         return None
     row_bytes = ow * choice.blocks * lanes * 4
@@ -1185,26 +1187,14 @@ def _stationary_plan(conv, choice: PairTile, lanes: int, p) -> tuple[int, int] |
     return rows[-1], split[-1]
 
 
-def _schedule_amx_stationary(sch, conv, act, choice: PairTile, lanes: int, x_buf, plan):
-    """The AMX conv whose weight does not fit L1, weight stationary (``plan`` from
-    :func:`_stationary_plan`): a task is ``rows`` output rows of ``choice.blocks`` output
-    blocks, its float32 accumulators a buffer that stays in L1 while the reduction runs
-    ``split`` input blocks at a time (one call each, accumulators loaded and stored) over
-    every output tile of the task, so each weight slice is read from L1 once per tile rather
-    than from L2."""
-    rows, split = plan
-    n, ko, oh, ow, kb = sch.get_loops(act)
+def _schedule_amx_stationary(sch, conv, choice: PairTile, lanes: int, x_buf, split: int):
+    """The AMX conv whose weight does not fit L1, weight stationary (:func:`_stationary_plan`),
+    ``conv`` computed at its task (the plan's output rows of ``choice.blocks`` output blocks):
+    its float32 accumulators a buffer that stays in L1 while the reduction runs ``split``
+    input blocks at a time (one call each, accumulators loaded and stored) over every output
+    tile of the task, so each weight slice is read from L1 once per tile rather than from
+    L2."""
     tile, n_blocks = choice.tile, choice.blocks
-    ow_o, ow_i = sch.split(ow, [None, tile])
-    ko_o, ko_i = sch.split(ko, [None, n_blocks])
-    oh_o, oh_i = sch.split(oh, [None, rows])
-    sch.reorder(n, ko_o, oh_o, oh_i, ow_o, ko_i, ow_i, kb)
-    task = sch.fuse(n, ko_o, oh_o)
-    sch.parallel(task)
-    sch.unroll(ko_i)
-    sch.unroll(ow_i)
-    sch.vectorize(kb)
-    sch.compute_at(conv, task, preserve_unit_loops=True)
     c_n, c_ko, c_oh, c_ow, c_kb, rco, ry, rx, rp, rt = sch.get_loops(conv)[-10:]
     stride = _stride(sch.get(conv))
     cb = int(sch.get(rp).extent) * 2
